@@ -1,0 +1,59 @@
+"""Shared fixtures: paths to the embedded default and a bounded multi-process launcher."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
+SAMPLE_DATA = ROOT / "assets" / "sample_chat.jsonl"
+
+
+@dataclass
+class Launch:
+    returncode: int
+    output: str  # stdout and stderr of every rank, interleaved
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: float = 180,
+             extra_torchrun_args: tuple = ()) -> Launch:
+    """Run `torchrun --nproc_per_node=nproc script args` on CPU (gloo) with a hard time bound.
+
+    A job that outlives `timeout` is killed with its whole process group and the test fails with
+    the output so far: a hang becomes an error, never a stalled CI.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d", *extra_torchrun_args,
+           str(script), *map(str, args)]
+    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?)\n{out[-6000:]}")
+    return Launch(proc.returncode, out)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def sample_data_path() -> Path:
+    return SAMPLE_DATA
