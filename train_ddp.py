@@ -1,0 +1,608 @@
+"""LoRA fine-tuning of Gemma 4 with PyTorch DistributedDataParallel.
+
+    torchrun --standalone --nproc_per_node=2 train_ddp.py               # embedded tiny default, CPU ok
+    MODEL_ID=google/gemma-4-12B-it DATA_PATH=chat.jsonl torchrun --nproc_per_node=8 train_ddp.py
+
+Every constant below can be overridden by an environment variable of the same name (torchrun passes
+the environment to every rank, so all ranks see the same configuration).
+"""
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from collate import IGNORE_INDEX, PadCollate
+
+HERE = Path(__file__).resolve().parent
+
+
+def env(name: str, default):
+    """The constant `name`: its environment variable if set (parsed as the default's type), else the default."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise SystemExit(f"error: {name}={raw!r}: expected 1/0/true/false")
+        return raw.lower() in ("1", "true", "yes")
+    return type(default)(raw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Constants (override any with NAME=value in the environment)
+MODEL_ID = env("MODEL_ID", str(HERE / "assets" / "tiny-gemma4"))  # production: google/gemma-4-12B-it
+MODEL_CONFIG = env("MODEL_CONFIG", "")  # a config.json: build that architecture with random weights (benchmarks)
+DATA_PATH = env("DATA_PATH", str(HERE / "assets" / "sample_chat.jsonl"))  # chat JSONL, one {"messages": [...]} per line
+EVAL_PATH = env("EVAL_PATH", "")  # optional held-out chat JSONL
+OUTPUT_DIR = env("OUTPUT_DIR", "out")  # on shared storage for multi-node runs (checkpoints, metrics, adapter)
+MAX_LEN = env("MAX_LEN", 2048)  # tokens per sample after the chat template; longer samples are truncated
+ASSISTANT_ONLY_LOSS = env("ASSISTANT_ONLY_LOSS", True)  # train on assistant turns only (prompt labels -100)
+MICRO_BATCH = env("MICRO_BATCH", 1)  # samples per rank per forward
+ACCUM_STEPS = env("ACCUM_STEPS", 8)  # micro-batches per optimizer step; global batch = MICRO_BATCH*ACCUM_STEPS*world
+EPOCHS = env("EPOCHS", 2)
+MAX_STEPS = env("MAX_STEPS", 0)  # stop after this many optimizer steps (0: run all epochs)
+LR = env("LR", 2e-4)
+WARMUP_STEPS = env("WARMUP_STEPS", 2)  # linear warmup, then cosine decay to 0
+WEIGHT_DECAY = env("WEIGHT_DECAY", 0.0)
+GRAD_CLIP = env("GRAD_CLIP", 1.0)
+LORA_R = env("LORA_R", 16)
+LORA_ALPHA = env("LORA_ALPHA", 32)
+LORA_DROPOUT = env("LORA_DROPOUT", 0.05)
+# A regex (PEFT full-matches it against module names): the text decoder only. "all-linear" would also
+# hit the vision/audio embedders, which a text batch never uses -> DDP error at step 2 (repro/02).
+LORA_TARGETS = env("LORA_TARGETS", r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
+GRADIENT_CHECKPOINTING = env("GRADIENT_CHECKPOINTING", True)
+CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 4096)  # loss over target positions only, in chunks; 0 = full FP32 logits
+SEED = env("SEED", 1234)
+NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization happens there)
+LOG_EVERY = env("LOG_EVERY", 1)
+EVAL_EVERY = env("EVAL_EVERY", 0)  # optimizer steps between evaluations (0: only at the end, if EVAL_PATH)
+SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: only at epoch ends)
+KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)
+RESUME = env("RESUME", "auto")  # "auto": newest complete checkpoint in OUTPUT_DIR; "": never; or a path
+NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
+DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
+DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # a collective stuck this long becomes an error, not a silent hang
+FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: "nan@STEP@RANK", "drift@STEP@RANK", "die@STEP@RANK", "save@STEP"
+
+
+class InputError(Exception):
+    """Bad configuration or data. Raised identically on every rank before any collective."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed setup
+def rank_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's environment; a plain `python train_ddp.py` is rank 0 of 1."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def init_distributed(local_rank: int) -> torch.device:
+    """NCCL bound to LOCAL_RANK's GPU when CUDA exists, gloo on CPU; a short timeout turns hangs into errors."""
+    timeout = timedelta(seconds=DIST_TIMEOUT_S)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        # NCCL flight recorder: on a timeout every rank dumps its last collectives to OUTPUT_DIR.
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(OUTPUT_DIR).resolve() / "nccl_trace_rank_"))
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    return device
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """One small all-reduce for a handful of scalars (float64, so token counts stay exact)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def check_writable(directory: str) -> None:
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        probe = Path(directory) / f".write_probe_{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"OUTPUT_DIR {directory!r} is not writable: {e}") from e
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: chat JSONL -> chat template -> token ids + labels (assistant turns only)
+ROLES = ("system", "user", "assistant")
+
+
+def load_conversations(path: str) -> list[list[dict]]:
+    """Parse and validate every row up front, so bad data fails on every rank before training starts."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise InputError(f"cannot read data file {path}: {e}") from e
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise InputError(f"{where}: expected an object with a non-empty 'messages' list")
+        for j, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                role = m.get("role") if isinstance(m, dict) else m
+                raise InputError(f"{where}: message {j}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            if not isinstance(m.get("content"), str):
+                raise InputError(f"{where}: message {j}: 'content' must be a string")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise InputError(f"{where}: no assistant message, nothing to train on")
+        rows.append(messages)
+    if not rows:
+        raise InputError(f"{path}: no examples (the file is empty)")
+    return rows
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
+    """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
+    assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
+    def render(msgs, add_generation_prompt=False):
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    input_ids = render(messages)
+    if not assistant_only:
+        labels = list(input_ids)
+    else:
+        labels = [IGNORE_INDEX] * len(input_ids)
+        end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            start = len(render(messages[:i], add_generation_prompt=True))
+            upto = render(messages[: i + 1])
+            if upto != input_ids[: len(upto)]:
+                raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
+            turn = upto[start:]
+            end = start + (len(turn) - turn[::-1].index(end_of_turn) if end_of_turn in turn else len(turn))
+            labels[start:end] = input_ids[start:end]
+    return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
+
+
+class ChatDataset(Dataset):
+    """Conversations tokenized lazily (in DataLoader workers), so skipped samples cost nothing."""
+
+    def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool):
+        self.conversations, self.tokenizer = conversations, tokenizer
+        self.max_len, self.assistant_only = max_len, assistant_only
+
+    def __len__(self):
+        return len(self.conversations)
+
+    def __getitem__(self, i):
+        return tokenize_conversation(self.tokenizer, self.conversations[i], self.max_len, self.assistant_only)
+
+
+class SkipSampler(Sampler):
+    """A rank's DistributedSampler order without its first `skip` indices (resuming mid-epoch)."""
+
+    def __init__(self, sampler: DistributedSampler, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        return iter(list(self.sampler)[self.skip:])
+
+    def __len__(self):
+        return len(self.sampler) - self.skip
+
+
+def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, collate: PadCollate) -> DataLoader:
+    # drop_last twice: the sampler gives every rank the same number of samples, the loader the
+    # same number of full micro-batches, so every rank runs the same number of steps (no hang).
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
+    sampler.set_epoch(epoch)
+    return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=SkipSampler(sampler, skip_samples),
+                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS,
+                      persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+def steps_per_epoch(n_samples: int, world: int) -> int:
+    """Optimizer steps per epoch, identical on every rank; a partial accumulation window is dropped."""
+    per_step = world * MICRO_BATCH * ACCUM_STEPS
+    if n_samples // per_step == 0:
+        raise InputError(f"{DATA_PATH}: {n_samples} samples, but one optimizer step needs "
+                         f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{MICRO_BATCH}*{ACCUM_STEPS} = {per_step}")
+    return (n_samples // world // MICRO_BATCH) // ACCUM_STEPS
+
+
+# ----------------------------------------------------------------------------------------------
+# Model: Gemma 4 + regex-scoped LoRA, wrapped with its loss so DDP sees one forward
+def load_model(device: torch.device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if MODEL_CONFIG:  # random weights, same on every rank (same seed); DDP broadcasts rank 0's anyway
+        torch.manual_seed(SEED)
+        with device:
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_CONFIG), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(MODEL_ID, dtype=dtype, device_map={"": device})
+    model.config.use_cache = False
+    return model
+
+
+def add_lora(model):
+    """Freeze the base model and add LoRA adapters on the modules LORA_TARGETS full-matches."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(LORA_TARGETS, n)]
+    if not targets:
+        examples = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][:3]
+        raise InputError(f"LORA_TARGETS {LORA_TARGETS!r} matches no Linear module (names look like {examples})")
+    if GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
+                        target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
+
+
+class CausalLMLoss(torch.nn.Module):
+    """forward(batch) -> (loss SUM over this micro-batch's targets, number of targets).
+
+    The loss lives inside the module DDP wraps, so DDP's forward prepares the gradient reduction.
+    With CE_CHUNK_TOKENS > 0 only target positions reach the LM head, in chunks whose FP32 logits are
+    recomputed in backward: the (tokens x 262,144) FP32 logits are never materialised at once.
+    """
+
+    def __init__(self, peft_model):
+        super().__init__()
+        self.lm = peft_model
+        causal_lm = peft_model.get_base_model()
+        self.decoder, self.lm_head = causal_lm.model, causal_lm.get_output_embeddings()
+        self.softcap = causal_lm.config.get_text_config().final_logit_softcapping
+
+    def logits_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
+        n_targets = (targets != IGNORE_INDEX).sum()
+        if CE_CHUNK_TOKENS <= 0:
+            return self.logits_loss_sum(hidden, targets), n_targets
+        keep = targets != IGNORE_INDEX
+        hidden, targets = hidden[keep], targets[keep]
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        for i in range(0, targets.numel(), CE_CHUNK_TOKENS):
+            loss = loss + checkpoint(self.logits_loss_sum, hidden[i:i + CE_CHUNK_TOKENS],
+                                     targets[i:i + CE_CHUNK_TOKENS], use_reentrant=False)
+        return loss, n_targets
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def adapter_checksum(model) -> str:
+    """SHA-256 of every trainable tensor's bytes, in name order: equal only if bit-identical."""
+    h = hashlib.sha256()
+    for name, p in sorted(trainable_state(model).items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_replicas_identical(model, step: int) -> str:
+    """All-gather the adapter checksum; stop every rank with the same error if any replica differs."""
+    mine = adapter_checksum(model)
+    sums = [None] * dist.get_world_size()
+    dist.all_gather_object(sums, mine)
+    if len(set(sums)) > 1:
+        differing = [r for r, s in enumerate(sums) if s != sums[0]]
+        raise RuntimeError(f"replica drift at step {step}: adapter checksums differ from rank 0's on rank(s) "
+                           f"{differing}: {sums}")
+    return mine
+
+
+# ----------------------------------------------------------------------------------------------
+# One optimizer step: no_sync accumulation with a token-weighted global loss
+def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float]:
+    """Forward+backward over one accumulation window; returns (loss_sum, targets, non-pad tokens), all ranks summed.
+
+    N, the number of targets in the whole update over all ranks, is known before any backward via one
+    tiny all-reduce. Backpropagating world*S/N per micro-batch (S: local loss sum) gives, after DDP
+    averages over the world, exactly the gradient of the global token-mean loss.
+    """
+    local_targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro_batches)
+    local_tokens = sum(int(b["attention_mask"].sum()) for b in micro_batches)
+    n_targets, n_tokens = all_reduce_sum([local_targets, local_tokens], device)
+    scale = dist.get_world_size() / max(n_targets, 1.0)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    local_loss = torch.zeros((), dtype=torch.float64, device=device)
+    for i, batch in enumerate(micro_batches):
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        # Micro-batches 1..A-1: forward AND backward inside no_sync (no communication); the last one
+        # runs outside, so DDP does one bucketed all-reduce, overlapped with its backward.
+        sync_context = nullcontext() if i == len(micro_batches) - 1 else model.no_sync()
+        with sync_context:
+            with autocast:
+                loss_sum, _ = model(**batch)
+            (loss_sum * scale).backward()
+        local_loss += loss_sum.detach().double()
+    if fault("nan"):
+        local_loss.fill_(float("nan"))
+    loss_sum_all, = all_reduce_sum([local_loss.item()], device)
+    return loss_sum_all, n_targets, n_tokens
+
+
+def fault(kind: str) -> bool:
+    """Test-only fault injection (FAULT_INJECT=kind@STEP[@RANK]); never active in normal runs."""
+    if not FAULT_INJECT.startswith(kind + "@"):
+        return False
+    parts = FAULT_INJECT.split("@")[1:]
+    return int(parts[0]) == _step["current"] and (len(parts) == 1 or int(parts[1]) == dist.get_rank())
+
+
+_step = {"current": 0, "completed": 0}  # for fault() and for the failure report
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation: each rank its own shard, each example exactly once, through model.module
+@torch.no_grad()
+def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.device) -> dict:
+    """Token-weighted eval loss over the whole file: equals a single-process evaluation.
+
+    Indices rank, rank+world, ... (no DistributedSampler padding, which would count examples twice);
+    model.module, never the DDP forward (which would expect a backward and a matching collective).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world)),
+                        batch_size=MICRO_BATCH, collate_fn=collate)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    was_training = model.training
+    model.eval()
+    loss, targets = 0.0, 0
+    for batch in loader:
+        with autocast:
+            s, n = model.module(**{k: v.to(device) for k, v in batch.items()})
+        loss, targets = loss + float(s), targets + int(n)
+    model.train(was_training)
+    loss, targets = all_reduce_sum([loss, targets], device)
+    mean = loss / max(targets, 1.0)
+    return {"eval_loss": mean, "eval_ppl": math.exp(min(mean, 50.0)), "eval_targets": int(targets)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: rank 0 writes into a temporary folder, then renames it into place (atomic)
+def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str) -> Path:
+    root = Path(OUTPUT_DIR)
+    final = root / "checkpoints" / name if name != "adapter" else root / "adapter"
+    if dist.get_rank() == 0:
+        tmp = final.with_name(f".tmp-{final.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.module.lm.save_pretrained(tmp)  # model.module unwraps DDP
+        if name != "adapter":
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "progress": progress}, tmp / "trainer_state.pt")
+        if fault("save"):
+            os._exit(13)  # simulate a crash mid-save: the temporary folder is left half-written
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        old = final.with_name(f".old-{final.name}")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)  # a complete checkpoint appears in one step, or not at all
+        shutil.rmtree(old, ignore_errors=True)
+        if name != "adapter":
+            for stale in sorted(final.parent.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+                shutil.rmtree(stale)
+    dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
+    return final
+
+
+def find_resume_checkpoint() -> Path | None:
+    if not RESUME:
+        return None
+    if RESUME != "auto":
+        path = Path(RESUME)
+        if not (path / "trainer_state.pt").is_file():
+            raise InputError(f"RESUME={RESUME!r} is not a checkpoint folder (no trainer_state.pt)")
+        return path
+    complete = sorted((Path(OUTPUT_DIR) / "checkpoints").glob("step-*"))  # .tmp-* folders never match
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / "adapter_model.safetensors"), device=str(next(peft_model.parameters()).device))
+    set_peft_model_state_dict(peft_model, state)
+    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(trainer_state["optimizer"])
+    scheduler.load_state_dict(trainer_state["scheduler"])
+    return trainer_state["progress"]
+
+
+def log_metrics(record: dict) -> None:
+    with open(Path(OUTPUT_DIR) / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def say(msg: str) -> None:
+    if dist.get_rank() == 0:
+        from tqdm import tqdm
+
+        tqdm.write(msg, file=sys.stdout)
+
+
+# ----------------------------------------------------------------------------------------------
+def main() -> None:
+    rank, local_rank, world = rank_info()
+
+    # 1. Everything that can be wrong with the inputs is checked here, identically on every rank,
+    #    before the first collective: bad input can never turn into a hang.
+    from transformers import AutoTokenizer
+
+    check_writable(OUTPUT_DIR)
+    conversations = load_conversations(DATA_PATH)
+    eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
+    n_steps_epoch = steps_per_epoch(len(conversations), world)
+    total_steps = EPOCHS * n_steps_epoch if MAX_STEPS <= 0 else min(MAX_STEPS, EPOCHS * n_steps_epoch)
+    if NAN_POLICY not in ("skip", "stop"):
+        raise InputError(f"NAN_POLICY={NAN_POLICY!r}: expected 'skip' or 'stop'")
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
+    resume_from = find_resume_checkpoint()
+
+    # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
+    #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    torch.manual_seed(SEED)
+    peft_model = add_lora(load_model(device))
+    torch.manual_seed(SEED + rank)
+
+    device = init_distributed(local_rank)
+    try:
+        train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
+              resume_from, device)
+    except Exception:
+        # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
+        print(f"[rank {rank}] failed in optimizer step {_step['current']} (last completed: {_step['completed']}):\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device):
+    from tqdm import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=LR,
+                                  weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
+    scheduler = get_cosine_schedule_with_warmup(optimizer, WARMUP_STEPS, total_steps)
+    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
+    if resume_from is not None:  # every rank loads the same files: identical state everywhere
+        progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
+        say(f"resumed from {resume_from} at step {progress['step']}")
+    _step.update(current=progress["step"], completed=progress["step"])
+
+    model = DDP(CausalLMLoss(peft_model), device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True)
+    collate = PadCollate(tokenizer.pad_token_id)
+    dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
+    eval_set = ChatDataset(eval_conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS) if eval_conversations else None
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    say(f"world {world} on {device.type} | {total:,} params, {trainable:,} trainable ({100 * trainable / total:.2f}%) | "
+        f"global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}={MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps")
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
+    model.train()
+    while progress["step"] < total_steps:
+        epoch = progress["epoch"]
+        skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH
+        batches = iter(train_loader(dataset, rank, world, epoch, skip, collate))
+        while progress["step_in_epoch"] < n_steps_epoch and progress["step"] < total_steps:
+            step = progress["step"] + 1
+            _step["current"] = step
+            torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
+            micro_batches = [next(batches) for _ in range(ACCUM_STEPS)]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+
+            loss_sum, n_targets, n_tokens = forward_backward(model, micro_batches, device)
+            # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP))
+            if fault("drift"):
+                with torch.no_grad():
+                    trainable[0].add_(1e-3)
+            finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)  # same values on every rank
+            if finite:
+                optimizer.step()
+            elif NAN_POLICY == "stop":
+                raise RuntimeError(f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, "
+                                   f"grad norm {grad_norm}); NAN_POLICY=stop")
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            step_time = time.perf_counter() - t0
+            if fault("die"):
+                os._exit(17)
+            progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
+            _step["completed"] = step
+            bar.update(1)
+
+            if step % LOG_EVERY == 0 or step == total_steps:
+                record = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_targets, 1.0),
+                          "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0], "skipped": not finite,
+                          "tokens_per_s": n_tokens / step_time, "target_tokens_per_s": n_targets / step_time,
+                          "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens)}
+                if device.type == "cuda":
+                    record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                if rank == 0:
+                    log_metrics(record)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                    say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            if DRIFT_CHECK_EVERY and step % DRIFT_CHECK_EVERY == 0:
+                check_replicas_identical(model.module, step)
+            if eval_set is not None and EVAL_EVERY and step % EVAL_EVERY == 0:
+                result = {"step": step, **evaluate(model, eval_set, collate, device)}
+                if rank == 0:
+                    log_metrics(result)
+                say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
+            if SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps:
+                t_save = time.perf_counter()
+                save_checkpoint(model, optimizer, scheduler, dict(progress), f"step-{step:08d}")
+                say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
+        if progress["step_in_epoch"] >= n_steps_epoch:  # epoch end: checkpoint, next epoch from its start
+            progress.update(epoch=epoch + 1, step_in_epoch=0)
+            save_checkpoint(model, optimizer, scheduler, dict(progress), f"step-{progress['step']:08d}")
+    bar.close()
+
+    if eval_set is not None:
+        result = {"step": progress["step"], **evaluate(model, eval_set, collate, device)}
+        if rank == 0:
+            log_metrics(result)
+        say(f"eval | final | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
+    checksum = check_replicas_identical(model.module, progress["step"])
+    path = save_checkpoint(model, optimizer, scheduler, dict(progress), "adapter")
+    say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except InputError as e:
+        print(f"[rank {os.environ.get('RANK', 0)}] error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
