@@ -263,7 +263,7 @@ def add_lora(model):
         examples = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][:3]
         raise InputError(f"LORA_TARGETS {LORA_TARGETS!r} matches no Linear module (names look like {examples})")
     if GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     return get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)

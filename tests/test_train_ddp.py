@@ -1,0 +1,184 @@
+"""train_ddp.py: in-process checks of its pieces, and real 2-rank gloo jobs (each bounded in time)."""
+import json
+import re
+
+import pytest
+import torch
+
+import train_ddp as T
+from collate import IGNORE_INDEX
+from conftest import ROOT, SAMPLE_DATA, torchrun
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(T.MODEL_ID)
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_model():
+    torch.manual_seed(0)
+    return T.add_lora(T.load_model(torch.device("cpu")))
+
+
+def write_rows(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def sample_rows(n):
+    return SAMPLE_DATA.read_text().splitlines()[:n]
+
+
+# ---------------------------------------------------------------- data
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One?"},
+     {"role": "assistant", "content": "Yes one."}, {"role": "user", "content": "Two?"},
+     {"role": "assistant", "content": "Two indeed."}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b c"},
+     {"role": "user", "content": "d"}, {"role": "assistant", "content": "e f g"},
+     {"role": "user", "content": "h"}, {"role": "assistant", "content": "i"}],
+], ids=["single-turn", "system+multi-turn", "three-turns"])
+def test_targets_are_exactly_the_assistant_turns(tokenizer, messages):
+    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
+    ids, labels = ex["input_ids"], ex["labels"]
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # <bos> once
+    spans, current = [], []
+    for i, lab in zip(ids, labels):
+        if lab == IGNORE_INDEX:
+            if current:
+                spans.append(current)
+            current = []
+        else:
+            assert lab == i
+            current.append(i)
+    spans += [current] if current else []
+    expected = [m["content"] + "<turn|>" for m in messages if m["role"] == "assistant"]
+    assert [tokenizer.decode(s) for s in spans] == expected
+
+
+def test_without_assistant_only_every_token_is_a_target(tokenizer):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=False)
+    assert ex["labels"] == ex["input_ids"]
+    assert len(T.tokenize_conversation(tokenizer, messages, max_len=5, assistant_only=True)["input_ids"]) == 5
+
+
+@pytest.mark.parametrize("n_samples", [13, 27, 37, 96])
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_runs_the_same_number_of_steps(monkeypatch, n_samples, world):
+    monkeypatch.setattr(T, "MICRO_BATCH", 2)
+    monkeypatch.setattr(T, "ACCUM_STEPS", 2)
+    dataset = list(range(n_samples))
+    if n_samples < world * 4:
+        with pytest.raises(T.InputError, match="needs"):
+            T.steps_per_epoch(n_samples, world)
+        return
+    steps = {len(T.train_loader(dataset, r, world, 0, 0, None)) // 2 for r in range(world)}
+    assert steps == {T.steps_per_epoch(n_samples, world)}
+
+
+# ---------------------------------------------------------------- model
+def test_adapters_only_on_the_text_decoder(tiny_lora_model):
+    names = [n for n, p in tiny_lora_model.named_parameters() if p.requires_grad]
+    assert names and all(".language_model." in n and "lora_" in n for n in names)
+    assert not any("vision" in n or "audio" in n for n in names)
+    config = tiny_lora_model.get_base_model().config.text_config
+    for layer, kind in enumerate(config.layer_types):
+        has_v = any(f"layers.{layer}.self_attn.v_proj.lora" in n for n in names)
+        assert has_v == (kind == "sliding_attention")  # global layers: attention_k_eq_v, no v_proj
+    assert "full_attention" in config.layer_types
+    targeted = [m for n, m in tiny_lora_model.get_base_model().named_modules()
+                if re.fullmatch(T.LORA_TARGETS, n) and hasattr(m, "base_layer")]
+    expected = sum(T.LORA_R * (m.base_layer.in_features + m.base_layer.out_features) for m in targeted)
+    assert tiny_lora_model.get_nb_trainable_parameters()[0] == expected
+
+
+def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_model):
+    from collate import PadCollate
+
+    rows = T.load_conversations(str(SAMPLE_DATA))[:3]
+    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
+    module = T.CausalLMLoss(tiny_lora_model).eval()
+    results = []
+    for chunk in (0, 7):
+        monkeypatch.setattr(T, "CE_CHUNK_TOKENS", chunk)
+        tiny_lora_model.zero_grad(set_to_none=True)
+        loss, n = module(**batch)
+        loss.backward()
+        grads = [p.grad.clone() for p in tiny_lora_model.parameters() if p.requires_grad]
+        results.append((loss.detach(), n, grads))
+    (full, n_full, g_full), (chunked, n_chunked, g_chunked) = results
+    assert n_full == n_chunked == (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
+    torch.testing.assert_close(chunked, full, rtol=1e-6, atol=0)
+    for a, b in zip(g_chunked, g_full):  # fp32 summation-order noise only, relative to the tensor's scale
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+    # and the loss equals the model's own (HF) token-mean cross-entropy with softcapping
+    reference = tiny_lora_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                labels=batch["labels"]).loss
+    torch.testing.assert_close(full / n_full, reference, rtol=1e-5, atol=0)
+
+
+# ---------------------------------------------------------------- real 2-rank jobs
+def test_end_to_end_two_ranks(tmp_path):
+    data = write_rows(tmp_path / "train.jsonl", sample_rows(37))  # 37: not divisible by 2*2*2
+    out = tmp_path / "out"
+    run = torchrun(ROOT / "train_ddp.py", env={"DATA_PATH": str(data), "OUTPUT_DIR": str(out), "MAX_LEN": "256",
+                                              "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "1"})
+    assert run.returncode == 0, run.output[-4000:]
+    assert "identical on all 2 ranks" in run.output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum
+    assert all(r["targets"] > 0 and r["tokens"] > r["targets"] and r["loss"] > 0 for r in records)
+    assert {p.name for p in (out / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+
+
+def test_gradients_equal_single_process_on_global_batch_with_one_allreduce_per_step(tmp_path):
+    run = torchrun(ROOT / "tests" / "ddp_worker.py", "grad_equivalence", tmp_path)
+    assert run.returncode == 0, run.output[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(set(result["lengths"])) == len(result["lengths"])  # samples of unequal lengths
+    assert result["max_rel_grad_diff"] < 1e-5
+    # Every gradient element is all-reduced exactly once per optimizer step: none during the
+    # no_sync micro-batch, one bucketed pass (over the whole gradient) on the last micro-batch.
+    assert result["allreduced_elements"] == result["trainable_elements"]
+    assert result["allreduce_calls"] >= 1
+
+
+def test_only_rank0_writes_and_reloaded_adapter_reproduces_logits(tmp_path):
+    run = torchrun(ROOT / "tests" / "ddp_worker.py", "save_and_reload", tmp_path)
+    assert run.returncode == 0, run.output[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["writers"] == [[0], []]
+    assert "adapter_model.safetensors" in result["files"]
+
+
+BAD_INPUTS = {
+    "malformed-json": (lambda d: write_rows(d / "x.jsonl", [sample_rows(1)[0], '{"messages": [}']), {},
+                       r"x\.jsonl:2: not valid JSON"),
+    "no-messages": (lambda d: write_rows(d / "x.jsonl", [{"text": "hi"}]), {}, r"x\.jsonl:1: expected .*'messages'"),
+    "unknown-role": (lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}]), {},
+                     r"x\.jsonl:1: message 0: unknown role 'bot'"),
+    "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
+    "too-few-samples": (lambda d: write_rows(d / "x.jsonl", sample_rows(3)), {"ACCUM_STEPS": "2"},
+                        r"3 samples, but one optimizer step needs .* = 2\*1\*2 = 4"),
+    "unwritable-output": (lambda d: SAMPLE_DATA, {"OUTPUT_DIR": "/proc/forbidden"}, r"OUTPUT_DIR '/proc/forbidden' is not writable"),
+    "regex-matches-nothing": (lambda d: SAMPLE_DATA, {"LORA_TARGETS": r".*\.nonexistent_proj"},
+                              r"LORA_TARGETS .* matches no Linear module"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
+    make_data, env, message = BAD_INPUTS[case]
+    run = torchrun(ROOT / "train_ddp.py", timeout=90,
+                   env={"DATA_PATH": str(make_data(tmp_path)), "OUTPUT_DIR": str(tmp_path / "out"),
+                        "DIST_TIMEOUT_S": "30", **env})
+    assert run.returncode != 0
+    for rank in (0, 1):  # torchrun may stop the second rank once the first exits; if it printed, it agrees
+        lines = [l for l in run.output.splitlines() if l.startswith(f"[rank {rank}] error:")]
+        assert rank == 1 or lines, run.output[-3000:]
+        assert all(re.search(message, l) for l in lines), lines
