@@ -66,7 +66,7 @@ LORA_DROPOUT = env("LORA_DROPOUT", 0.05)
 # A regex (PEFT full-matches it against module names): the text decoder only. "all-linear" would also
 # hit the vision/audio embedders, which a text batch never uses -> DDP error at step 2 (repro/02).
 LORA_TARGETS = env("LORA_TARGETS", r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
-GRADIENT_CHECKPOINTING = env("GRADIENT_CHECKPOINTING", True)
+GRADIENT_CHECKPOINTING = env("GRADIENT_CHECKPOINTING", 1)  # checkpoint every Nth decoder layer: 1 all, 2 half, 0 none
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 4096)  # loss over target positions only, in chunks; 0 = full FP32 logits
 SEED = env("SEED", 1234)
 NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization happens there)
@@ -263,7 +263,8 @@ def add_lora(model):
         examples = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][:3]
         raise InputError(f"LORA_TARGETS {LORA_TARGETS!r} matches no Linear module (names look like {examples})")
     if GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                              every_n_layers=GRADIENT_CHECKPOINTING)
     config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     return get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
@@ -570,6 +571,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                           "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens)}
                 if device.type == "cuda":
                     record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                    record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
                 if rank == 0:
                     log_metrics(record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")

@@ -1,0 +1,150 @@
+"""Benchmark train_ddp.py's own training loop: tokens/s, step time, peak memory, TFLOP/s and MFU.
+
+    python bench.py --config configs/gemma-4-12b.json --gpus 1 --runs plain,default,no-ckpt
+
+Each run launches `torchrun --nproc_per_node=GPUS train_ddp.py` (the real script, not a copy) on a
+model built from --config with random weights, over synthetic conversations truncated to exactly
+--seq-len tokens (no padding, every position a target), and reads its metrics.jsonl. Steps 2..N are
+the steady window (step 1 holds warm-up: allocator growth, kernel selection). The first run is the
+baseline of the "vs base" column; every run uses the same global batch (--samples per GPU per step).
+
+FLOPs per token (model FLOPs, recomputation not counted):
+  4 x (decoder Linear params + LM head)  forward 2P + backward input-gradients 2P; frozen weights
+                                         need no weight gradients (LoRA's own FLOPs are < 1%)
+  + 12 x context x heads x head_dim per layer   attention QK^T and AV, forward 1x + backward 2x,
+                                         context = mean causal (or sliding-window) span
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEAK_BF16_TFLOPS = {"H200": 790.0, "H100": 790.0}  # measured dense bf16 matmul peak (device notes: 769-798)
+
+# name -> environment overrides of train_ddp.py constants
+RUNS = {
+    "plain": {"CE_CHUNK_TOKENS": "0", "GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1"},
+    "default": {"GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1"},
+    "no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "1"},
+    "ckpt-half": {"GRADIENT_CHECKPOINTING": "2", "MICRO_BATCH": "1"},
+    "micro4": {"GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "4"},
+    "micro2-no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "2"},
+}
+
+
+def synthetic_conversations(path: Path, n: int, min_words: int) -> None:
+    """Conversations long enough that every one is truncated to exactly MAX_LEN tokens."""
+    words = "gradient token rank batch memory network device update adapter sequence value".split()
+    with open(path, "w") as f:
+        for i in range(n):
+            text = " ".join(words[(i + j) % len(words)] for j in range(min_words))
+            f.write(json.dumps({"messages": [{"role": "user", "content": "Continue."},
+                                             {"role": "assistant", "content": text}]}) + "\n")
+
+
+def train_flops_per_token(config_path: str, seq_len: int) -> float:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(config_path).get_text_config()
+    hidden, linear, attention = cfg.hidden_size, 0, 0
+    for i, kind in enumerate(cfg.layer_types):
+        layer = cfg.per_layer_config[i]
+        q, kv = cfg.num_attention_heads * layer.head_dim, layer.num_key_value_heads * layer.head_dim
+        has_v = not (cfg.attention_k_eq_v and kind == "full_attention")
+        linear += hidden * (2 * q + kv * (1 + has_v)) + 3 * hidden * cfg.intermediate_size
+        span = seq_len if kind == "full_attention" else min(seq_len, cfg.sliding_window)
+        context = sum(min(t + 1, span) for t in range(seq_len)) / seq_len
+        attention += 12 * context * q
+    return 4 * (linear + hidden * cfg.vocab_size) + attention
+
+
+def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:
+    out = work / name
+    samples = args.samples
+    micro = int(overrides.get("MICRO_BATCH", "1"))
+    env = {**os.environ, "MODEL_CONFIG": str(Path(args.config).resolve()), "DATA_PATH": str(data),
+           "OUTPUT_DIR": str(out), "MAX_LEN": str(args.seq_len), "ASSISTANT_ONLY_LOSS": "0",
+           "MAX_STEPS": str(args.steps), "EPOCHS": "1000", "LR": "1e-4", "LORA_R": "16", "LORA_ALPHA": "32",
+           "LORA_DROPOUT": "0.05", "ACCUM_STEPS": str(samples // micro), "DRIFT_CHECK_EVERY": "0",
+           "RESUME": "", "LOG_EVERY": "1", **overrides}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
+           str(HERE / "train_ddp.py")]
+    print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.run_timeout)
+    except subprocess.TimeoutExpired as e:
+        proc = subprocess.CompletedProcess(cmd, -9, e.stdout or "", f"{e.stderr or ''}\ntimed out after {e.timeout}s")
+        proc.stdout, proc.stderr = (x.decode() if isinstance(x, bytes) else x for x in (proc.stdout, proc.stderr))
+    with open(log, "a") as f:
+        f.write(f"\n===== {name} {overrides} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
+    metrics = out / "metrics.jsonl"
+    records = [json.loads(l) for l in metrics.read_text().splitlines()] if metrics.exists() else []
+    steady = [r for r in records if "step_time_s" in r and r["step"] >= 2]
+    if proc.returncode != 0 or not steady:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        print(f"   failed (exit {proc.returncode}): {' | '.join(tail)}", flush=True)
+        return {"name": name, "failed": "OOM" if "OutOfMemory" in proc.stderr else f"exit {proc.returncode}"}
+    seconds = sum(r["step_time_s"] for r in steady)
+    result = {"name": name, "step_s": seconds / len(steady),
+              "target_tok_s": sum(r["targets"] for r in steady) / seconds,
+              "tok_s": sum(r["tokens"] for r in steady) / seconds,
+              "peak_alloc_gib": max(r.get("peak_mem_gib", 0) for r in records),
+              "peak_reserved_gib": max(r.get("peak_reserved_gib", 0) for r in records),
+              "predicted_gib": next((r["predicted_peak_gib"] for r in records if "predicted_peak_gib" in r), None)}
+    print(f"   {json.dumps(result)}", flush=True)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(HERE / "configs" / "gemma-4-12b.json"))
+    ap.add_argument("--runs", default="plain,default", help=f"comma-separated, from {', '.join(RUNS)}")
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--samples", type=int, default=8, help="samples per GPU per optimizer step")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--out", default="bench-out", help="folder for bench.log (every run's output) and results.json")
+    ap.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is killed")
+    ap.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
+    args = ap.parse_args()
+
+    import torch
+
+    work, out = Path(tempfile.mkdtemp(prefix="bench-")), Path(args.out)  # checkpoints stay in the temp folder
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "bench.log"
+    log.write_text("")
+    data = work / "synthetic.jsonl"
+    synthetic_conversations(data, n=args.samples * args.gpus * (args.steps + 1) * 2, min_words=args.seq_len * 2)
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    results = [run_one(name, {**RUNS[name], **extra}, args, data, work, log) for name in args.runs.split(",")]
+
+    flops = train_flops_per_token(args.config, args.seq_len)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
+    base = next((r for r in results if "failed" not in r), None)
+    print(f"\n{args.gpus}x {gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
+          f"steady steps 2..{args.steps} | {flops / 1e9:.1f} GFLOP/token")
+    print("| run | target tok/s | non-pad tok/s | step s | peak alloc GiB | peak reserved GiB | predicted GiB | "
+          "model TFLOP/s | MFU | vs base |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if "failed" in r:
+            print(f"| {r['name']} | {r['failed']} | | | | | | | | |")
+            continue
+        tflops = r["tok_s"] * flops / 1e12 / args.gpus
+        mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
+        pred = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] else ""
+        print(f"| {r['name']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {r['step_s']:.2f} | "
+              f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | {mfu} | "
+              f"{r['target_tok_s'] / base['target_tok_s']:.2f}x |")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops,
+                                                   "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
