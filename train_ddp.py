@@ -68,6 +68,8 @@ LORA_DROPOUT = env("LORA_DROPOUT", 0.05)
 LORA_TARGETS = env("LORA_TARGETS", r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
 GRADIENT_CHECKPOINTING = env("GRADIENT_CHECKPOINTING", 1)  # checkpoint every Nth decoder layer: 1 all, 2 half, 0 none
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 4096)  # loss over target positions only, in chunks; 0 = full FP32 logits
+LORA_BF16_INPUTS = env("LORA_BF16_INPUTS", True)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
+PAD_TO_MULTIPLE = env("PAD_TO_MULTIPLE", 64)  # fewer distinct shapes: kernels (cuDNN attention) plan once per shape
 SEED = env("SEED", 1234)
 NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization happens there)
 LOG_EVERY = env("LOG_EVERY", 1)
@@ -267,7 +269,12 @@ def add_lora(model):
                                               every_n_layers=GRADIENT_CHECKPOINTING)
     config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
+    peft_model = get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
+    if LORA_BF16_INPUTS:  # PEFT casts each input to the FP32 adapter dtype, then autocast casts it back
+        for module in peft_model.modules():
+            if hasattr(module, "cast_input_dtype_enabled"):
+                module.cast_input_dtype_enabled = False
+    return peft_model
 
 
 class CausalLMLoss(torch.nn.Module):
@@ -325,16 +332,19 @@ def check_replicas_identical(model, step: int) -> str:
     sums = [None] * dist.get_world_size()
     dist.all_gather_object(sums, mine)
     if len(set(sums)) > 1:
-        differing = [r for r, s in enumerate(sums) if s != sums[0]]
-        raise RuntimeError(f"replica drift at step {step}: adapter checksums differ from rank 0's on rank(s) "
-                           f"{differing}: {sums}")
+        # Name the ranks outside the largest agreeing group (ties: rank 0's group), not "all but rank 0".
+        majority = max(set(sums), key=lambda s: (sums.count(s), s == sums[0]))
+        differing = [r for r, s in enumerate(sums) if s != majority]
+        raise RuntimeError(f"replica drift at step {step}: adapter weights on rank(s) {differing} differ from "
+                           f"the other ranks' (checksums by rank: {sums})")
     return mine
 
 
 # ----------------------------------------------------------------------------------------------
 # One optimizer step: no_sync accumulation with a token-weighted global loss
-def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float]:
-    """Forward+backward over one accumulation window; returns (loss_sum, targets, non-pad tokens), all ranks summed.
+def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float, float]:
+    """Forward+backward over one accumulation window. Returns (loss sum, targets, non-pad tokens, padded
+    tokens), each summed over all ranks.
 
     N, the number of targets in the whole update over all ranks, is known before any backward via one
     tiny all-reduce. Backpropagating world*S/N per micro-batch (S: local loss sum) gives, after DDP
@@ -342,7 +352,8 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
     """
     local_targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro_batches)
     local_tokens = sum(int(b["attention_mask"].sum()) for b in micro_batches)
-    n_targets, n_tokens = all_reduce_sum([local_targets, local_tokens], device)
+    local_padded = sum(b["attention_mask"].numel() for b in micro_batches)
+    n_targets, n_tokens, n_padded = all_reduce_sum([local_targets, local_tokens, local_padded], device)
     scale = dist.get_world_size() / max(n_targets, 1.0)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     local_loss = torch.zeros((), dtype=torch.float64, device=device)
@@ -359,12 +370,16 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
     if fault("nan"):
         local_loss.fill_(float("nan"))
     loss_sum_all, = all_reduce_sum([local_loss.item()], device)
-    return loss_sum_all, n_targets, n_tokens
+    return loss_sum_all, n_targets, n_tokens, n_padded
 
 
 def fault(kind: str) -> bool:
-    """Test-only fault injection (FAULT_INJECT=kind@STEP[@RANK]); never active in normal runs."""
-    if not FAULT_INJECT.startswith(kind + "@"):
+    """Test-only fault injection (FAULT_INJECT=kind@STEP[@RANK]); never active in normal runs.
+
+    Kinds: nan, drift, die, hang, save. A fault fires in torchrun's first attempt only, so a group
+    restarted by --max_restarts resumes and finishes, as it would after a real one-off failure.
+    """
+    if not FAULT_INJECT.startswith(kind + "@") or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return False
     parts = FAULT_INJECT.split("@")[1:]
     return int(parts[0]) == _step["current"] and (len(parts) == 1 or int(parts[1]) == dist.get_rank())
@@ -408,11 +423,11 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str)
         tmp = final.with_name(f".tmp-{final.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         model.module.lm.save_pretrained(tmp)  # model.module unwraps DDP
+        if fault("save"):
+            os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
         if name != "adapter":
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "progress": progress}, tmp / "trainer_state.pt")
-        if fault("save"):
-            os._exit(13)  # simulate a crash mid-save: the temporary folder is left half-written
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -450,6 +465,20 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     optimizer.load_state_dict(trainer_state["optimizer"])
     scheduler.load_state_dict(trainer_state["scheduler"])
     return trainer_state["progress"]
+
+
+def predicted_peak_gib(peft_model, seq_len: int) -> float:
+    """memory_budget.py's prediction of torch.cuda.max_memory_allocated() for this run's settings."""
+    import memory_budget
+
+    base = peft_model.get_base_model()
+    shapes = {n.replace(".base_layer", ""): (tuple(p.shape), memory_budget.TORCH_DTYPES[str(p.dtype)])
+              for n, p in base.named_parameters() if "lora_" not in n}
+    result = memory_budget.estimate(
+        shapes, base.config.to_dict(), seq_len=seq_len, micro_batch=MICRO_BATCH, world_size=dist.get_world_size(),
+        lora_r=LORA_R, targets=LORA_TARGETS, grad_ckpt=GRADIENT_CHECKPOINTING > 0, accum=ACCUM_STEPS,
+        lora_dropout=LORA_DROPOUT, ce_chunk_tokens=CE_CHUNK_TOKENS)
+    return result["peak_bytes"] / 2**30
 
 
 def log_metrics(record: dict) -> None:
@@ -518,7 +547,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
 
     model = DDP(CausalLMLoss(peft_model), device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
-    collate = PadCollate(tokenizer.pad_token_id)
+    collate = PadCollate(tokenizer.pad_token_id, PAD_TO_MULTIPLE)
     dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
     eval_set = ChatDataset(eval_conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS) if eval_conversations else None
     trainable, total = peft_model.get_nb_trainable_parameters()
@@ -528,6 +557,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
     trainable = [p for p in model.parameters() if p.requires_grad]
     bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
     model.train()
+    longest = 0  # padded length of the longest micro-batch so far (for the memory prediction)
     while progress["step"] < total_steps:
         epoch = progress["epoch"]
         skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH
@@ -537,11 +567,12 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             _step["current"] = step
             torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
             micro_batches = [next(batches) for _ in range(ACCUM_STEPS)]
+            longest = max(longest, *(b["input_ids"].shape[1] for b in micro_batches))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
 
-            loss_sum, n_targets, n_tokens = forward_backward(model, micro_batches, device)
+            loss_sum, n_targets, n_tokens, n_padded = forward_backward(model, micro_batches, device)
             # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
             grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP))
             if fault("drift"):
@@ -559,7 +590,9 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 torch.cuda.synchronize()
             step_time = time.perf_counter() - t0
             if fault("die"):
-                os._exit(17)
+                os._exit(17)  # a killed worker: no exception, no cleanup
+            if fault("hang"):
+                time.sleep(3600)  # a stuck rank: its peers' next collective must time out, not wait forever
             progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
             _step["completed"] = step
             bar.update(1)
@@ -568,10 +601,13 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 record = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_targets, 1.0),
                           "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0], "skipped": not finite,
                           "tokens_per_s": n_tokens / step_time, "target_tokens_per_s": n_targets / step_time,
-                          "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens)}
+                          "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens),
+                          "padding": 1 - n_tokens / n_padded}
                 if device.type == "cuda":
                     record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
                     record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+                    if step == 3:  # AdamW state and allocator caches exist now: check the memory model
+                        record["predicted_peak_gib"] = predicted_peak_gib(peft_model, longest)
                 if rank == 0:
                     log_metrics(record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")

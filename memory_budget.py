@@ -1,0 +1,438 @@
+"""Per-GPU memory and gradient all-reduce budget for LoRA (or full) fine-tuning of Gemma 4 under DDP.
+
+    python memory_budget.py MODEL [--gpus-per-node 8] [--seq-len 2048] [--micro-batch 1] [--json] ...
+
+MODEL is a local folder (config.json + *.safetensors, sharded through model.safetensors.index.json
+or not), a config.json alone (shapes then come from building the model on the meta device, e.g.
+configs/gemma-4-12b.json), or a hub id (huggingface_hub fetches config.json and the safetensors
+headers only). Weights are never read: every safetensors file starts with an 8-byte little-endian
+length and a JSON header holding each tensor's name, dtype and shape.
+
+Units: GB = 1e9 bytes, GiB = 2**30 bytes. A card sold as "80 GB" holds 80 GiB; --gpu-mem-gb means that.
+
+The predicted peak is what torch.cuda.max_memory_allocated() reports after optimizer step 3 of
+train_ddp.py: frozen weights in their stored dtype; LoRA adapters, their gradients and AdamW moments
+in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path; SDPA attention;
+non-reentrant checkpointing of every decoder layer; train_ddp.py's full-vocabulary FP32 cross-entropy
+(over every position, or in checkpointed chunks of --ce-chunk-tokens); DDP with
+gradient_as_bucket_view=True; every sample padded to --seq-len and every position a target (the worst case).
+"""
+import argparse
+import json
+import math
+import re
+import struct
+import sys
+from pathlib import Path
+
+GB, GiB = 1e9, 2**30
+DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+TORCH_DTYPES = {"torch.float64": "F64", "torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16",
+                "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2", "torch.int64": "I64",
+                "torch.int32": "I32", "torch.int16": "I16", "torch.int8": "I8", "torch.uint8": "U8",
+                "torch.bool": "BOOL"}
+FULL_FT_BYTES_PER_PARAM = 16  # BF16 weight 2 + BF16 grad 2 + FP32 master 4 + FP32 Adam moments 8
+FRAGMENTATION = 0.05          # caching-allocator slack: reserved exceeds allocated by a few percent
+CUDA_CONTEXT_BYTES = 0.5 * GiB  # CUDA context, cuBLAS/cuDNN handles: outside the allocator
+NCCL_BYTES = 0.5 * GiB          # NCCL communicator buffers, only when world size > 1
+DDP_BUCKET_BYTES = 25 * 2**20   # DDP's default bucket_cap_mb
+
+
+# ---------------------------------------------------------------- shapes, never weights
+
+def read_safetensors_header(path) -> dict:
+    """{name: (shape, dtype)} from one safetensors file, reading only its header."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return {name: (tuple(t["shape"]), t["dtype"]) for name, t in header.items()}
+
+
+def load_config(path_or_id) -> dict:
+    """config.json of a folder, a config.json path itself, or a hub id."""
+    path = Path(path_or_id)
+    if path.is_dir():
+        path = path / "config.json"
+    elif not path.is_file():
+        from huggingface_hub import hf_hub_download
+        path = hf_hub_download(str(path_or_id), "config.json")
+    return json.loads(Path(path).read_text())
+
+
+def param_shapes_from_model(model) -> dict:
+    """{name: (shape, dtype)} of an in-memory nn.Module (before PEFT); meta tensors work too."""
+    return {name: (tuple(p.shape), TORCH_DTYPES[str(p.dtype)]) for name, p in model.named_parameters()}
+
+
+def param_shapes_from_path(path_or_id) -> dict:
+    """{name: (shape, dtype)} from a folder's safetensors headers, a bare config.json, or a hub id."""
+    path = Path(path_or_id)
+    if path.is_file() or (path.is_dir() and not list(path.glob("*.safetensors"))):
+        return _shapes_from_config(path)
+    if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
+                 else sorted(f.name for f in path.glob("*.safetensors")))
+        shapes = {k: v for f in files for k, v in read_safetensors_header(path / f).items()}
+    else:
+        from huggingface_hub import get_safetensors_metadata
+        meta = get_safetensors_metadata(str(path_or_id))
+        shapes = {name: (tuple(t.shape), t.dtype)
+                  for file in meta.files_metadata.values() for name, t in file.tensors.items()}
+    return _module_names(shapes, load_config(path_or_id).get("model_type"))
+
+
+def _shapes_from_config(config_path) -> dict:
+    """Build the model on the meta device (no memory, no weights) and read its parameter shapes."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(config_path)
+    dtype = cfg.dtype if isinstance(cfg.dtype, torch.dtype) else getattr(torch, cfg.dtype or "bfloat16")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return param_shapes_from_model(model)
+
+
+def _module_names(shapes: dict, model_type) -> dict:
+    """Checkpoint keys -> parameter names: transformers renames a few keys on load
+    (gemma4_unified: vision_embedder.* -> embed_vision.*), and PEFT matches the renamed ones."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+        renames = [t for t in get_checkpoint_conversion_mapping(model_type) or [] if type(t) is WeightRenaming]
+    except ImportError:  # another transformers version: keep the checkpoint's names
+        return shapes
+    out = {}
+    for name, value in shapes.items():
+        for rename in renames:
+            name = rename.rename_source_key(name)[0]
+        out[name] = value
+    return out
+
+
+# ---------------------------------------------------------------- parameters and LoRA
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _group(name: str) -> str:
+    if "embed_tokens" in name or name.startswith("lm_head"):
+        return "embeddings"
+    return "vision" if "vision" in name else "audio" if "audio" in name else "language model"
+
+
+def _modules(shapes: dict, tied: bool) -> dict:
+    """{module name: (out, in)} for every 2-D `.weight` (Linear or Embedding). A tied lm_head has no
+    tensor of its own in the checkpoint but is a module that PEFT can target."""
+    mods = {n[: -len(".weight")]: s for n, (s, _) in shapes.items() if n.endswith(".weight") and len(s) == 2}
+    if tied and "lm_head" not in mods:
+        mods["lm_head"] = next(s for n, s in mods.items() if n.endswith("embed_tokens"))
+    return mods
+
+
+def is_targeted(module_name: str, targets) -> bool:
+    """PEFT's matching: "all-linear" = every Linear but the output head; a string is a regex that must
+    match the whole module name (re.fullmatch); a list matches a name or a dotted suffix."""
+    if targets == "all-linear":
+        return module_name != "lm_head" and not module_name.endswith("embed_tokens")
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module_name) is not None
+    return any(module_name == t or module_name.endswith("." + t) for t in targets)
+
+
+def lora_params(shapes: dict, targets=DEFAULT_TARGETS, r: int = 16, tied: bool = True) -> dict:
+    """{module name: r * (in + out)} over the modules LoRA wraps (lora_A is r x in, lora_B out x r)."""
+    return {m: r * (o + i) for m, (o, i) in _modules(shapes, tied).items() if is_targeted(m, targets)}
+
+
+def full_finetune_bytes(n_params: float) -> float:
+    """Mixed-precision AdamW state before activations: 16 bytes per parameter."""
+    return FULL_FT_BYTES_PER_PARAM * n_params
+
+
+# ---------------------------------------------------------------- activations
+
+def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> list[dict]:
+    """Per decoder layer: widths (divided over TP ranks), layer type and the in_features of its LoRA targets."""
+    embed = next(n for n in shapes if n.endswith("embed_tokens.weight"))
+    prefix = embed[: -len("embed_tokens.weight")] + "layers."
+    n_layers = 1 + max(int(n[len(prefix):].split(".")[0]) for n in shapes if n.startswith(prefix))
+    heads = text_config["num_attention_heads"]
+    types = text_config.get("layer_types") or ["full_attention"] * n_layers
+    mods = _modules(shapes, tied=False)
+    layers = []
+    for i in range(n_layers):
+        p = f"{prefix}{i}."
+        q = mods[p + "self_attn.q_proj"][0]
+        head_dim = q // heads
+        k = mods.get(p + "self_attn.k_proj", (text_config["num_key_value_heads"] * head_dim,))[0]
+        layers.append(dict(
+            q=q / tp, kv=k / tp, heads=heads / tp, gqa=heads > k // head_dim, kv_heads=k // head_dim,
+            head_dim=head_dim,
+            has_kv_norms=p + "self_attn.k_proj" in mods, inter=mods[p + "mlp.gate_proj"][0] / tp,
+            sliding=types[i] == "sliding_attention",
+            lora_in=[mods[m][1] / (tp if m.endswith(("o_proj", "down_proj")) else 1)
+                     for m in lora if m.startswith(p)],
+            lora_params=sum(v for m, v in lora.items() if m.startswith(p)) / tp))
+    return layers
+
+
+def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, lora_r: int,
+                           lora_dropout: float, full: bool) -> dict:
+    """Bytes per token one decoder layer keeps for backward under BF16 autocast (no checkpointing).
+
+    Autograd saves what each op's backward needs, and only for inputs that require grad, so a frozen
+    Linear keeps its weight but not its input. Per Gemma 4 layer:
+    - each RMSNorm upcasts its input and keeps that FP32 copy (4 on the hidden size; q_norm on q;
+      k_norm and v_norm, which normalises the k_proj output in attention_k_eq_v layers, on k);
+    - SDPA keeps q, k, v, its output (which is also o_proj's input) and an FP32 logsumexp per head.
+      transformers repeats the KV heads into a BF16 copy unless SDPA may use enable_gqa (no mask and
+      head_dim <= 256); a single KV head repeats as a free view. A dense mask becomes a BF16 bias of
+      seq_len per token that the kernel keeps;
+    - the MLP keeps gelu's input and output and up_proj's output;
+    - PEFT casts each LoRA input to FP32, applies dropout (CUDA keeps a 1-byte mask), and autocast casts
+      the result to BF16 for lora_A, which keeps it; lora_B keeps lora_A's r-wide BF16 output;
+    - full fine-tuning also keeps every Linear input and, for the trainable norm scales, their FP32 outputs.
+    """
+    h, q, kv, inter = hidden, layer["q"], layer["kv"], layer["inter"]
+    repeat = layer["gqa"] and layer["kv_heads"] > 1 and (mask or layer["head_dim"] > 256)
+    kv_norms = layer["has_kv_norms"]
+    terms = {
+        "RMSNorm inputs (FP32)": 4 * 4 * h,
+        "q/k/v-norm inputs (FP32)": 4 * q + (8 * kv if kv_norms else 0),
+        "SDPA q, k, v, output (BF16)": 2 * q + 2 * 2 * (q if repeat else kv) + 2 * q,
+        "SDPA logsumexp (FP32)": 4 * layer["heads"],
+        "attention mask as BF16 bias": 2 * seq_len if mask else 0,
+        "MLP gelu in/out, up_proj out (BF16)": 3 * 2 * inter,
+        "LoRA inputs (dropout mask + BF16 copy)": sum(((1 if lora_dropout else 0) + 2) * i + 2 * lora_r
+                                                      for i in layer["lora_in"]),
+    }
+    if full:
+        terms["Linear inputs (BF16)"] = 2 * h + 2 * h + 2 * inter
+        terms["norm outputs, trainable scales (FP32)"] = 4 * 4 * h + 4 * q + (4 * kv if kv_norms else 0)
+    return terms
+
+
+# ---------------------------------------------------------------- the estimate
+
+def _activations(param_shapes: dict, text_config: dict, lora: dict, *, seq_len: int, micro_batch: int, tp: int,
+                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool, ce_chunk_tokens: int) -> dict:
+    """Activation memory of one micro-batch (bytes per GPU), term by term."""
+    tokens = micro_batch * seq_len
+    ce_tokens = min(tokens, ce_chunk_tokens) if ce_chunk_tokens > 0 else tokens
+    embed_name = next(n for n in param_shapes if n.endswith("embed_tokens.weight"))
+    vocab, hidden = param_shapes[embed_name][0]
+    layers = _decoder_layers(param_shapes, text_config, lora, tp)
+    window = text_config.get("sliding_window")
+    # Gemma4Unified's multimodal forward always passes a mask overlay, so transformers never takes the
+    # is_causal shortcut: every layer gets a dense mask. Otherwise only sliding layers at >= window tokens.
+    dense_masks = embed_name.endswith("language_model.embed_tokens.weight") and \
+        text_config.get("use_bidirectional_attention") == "vision"
+    masked = [dense_masks or (l["sliding"] and window is not None and seq_len >= window) for l in layers]
+    per_layer = [_layer_saved_per_token(l, hidden, seq_len, m, lora_r, lora_dropout, full)
+                 for l, m in zip(layers, masked)]
+    saved = [tokens * sum(t.values()) for t in per_layer]
+    casts = [2 * l["lora_params"] for l in layers]  # autocast's BF16 copies of the FP32 adapter weights
+    return {
+        "terms": {k: tokens * sum(t[k] for t in per_layer) for k in per_layer[0]},
+        "layers": saved,
+        "all_layers": sum(saved) + sum(casts),
+        "one_layer": max(s + c for s, c in zip(saved, casts)),
+        # the boolean masks transformers builds once per layer type and keeps to the end of backward
+        "masks": micro_batch * seq_len**2 * len({l["sliding"] for l, m in zip(layers, masked) if m}),
+        "boundaries": len(layers) * 2 * hidden * tokens,  # checkpointing keeps each layer's BF16 input
+        # the final norm's FP32 input; chunked loss (a gathered copy) or a trainable lm_head keep its BF16 output
+        "final_norm": 4 * hidden * tokens + (2 * hidden * tokens if ce_chunk_tokens > 0 or full or train_embeddings
+                                             else 0),
+        # Cross-entropy backward over the full vocabulary (lm_head -> .float() -> softcap -> cross_entropy):
+        # tanh's FP32 output (softcapping), the FP32 log-softmax output, its gradient and its input's gradient.
+        "logits_ce": ce_tokens * vocab * ((4 if text_config.get("final_logit_softcapping") else 0) + 4 + 4 + 4),
+        # One layer's backward in flight: hidden-state gradients in and out (BF16) and two FP32 gradients
+        # as wide as the MLP (down_proj's LoRA input, before and after dropout).
+        "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(l["inter"] for l in layers)),
+    }
+
+
+def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, str]:
+    """SPEC's decision: DDP if a replica fits; FSDP/ZeRO if only gradients + optimizer state are too big;
+    tensor/pipeline parallelism otherwise."""
+    if total <= card:
+        return "DDP", f"one full replica needs {total / GB:.1f} GB of the {card / GB:.1f} GB card"
+    if total - state <= card:
+        sharded = total - state * (1 - 1 / dp)
+        verdict = "" if sharded <= card else ", still too much: add GPUs"
+        return "FSDP/ZeRO", (f"weights and activations fit ({(total - state) / GB:.1f} GB) but gradients and "
+                             f"optimizer state ({state / GB:.1f} GB) do not; sharded over DP={dp} they leave "
+                             f"{sharded / GB:.1f} GB per GPU{verdict}")
+    return "TP/PP", (f"weights and activations alone need {(total - state) / GB:.1f} GB, more than the "
+                     f"{card / GB:.1f} GB card: split layers (pipeline) or matrices (tensor parallel, --tp)")
+
+
+def estimate(param_shapes: dict, text_config: dict, *, seq_len: int, micro_batch: int, world_size: int = 1,
+             tp: int = 1, lora_r: int = 16, targets=DEFAULT_TARGETS, grad_ckpt: bool = True, full: bool = False,
+             train_embeddings: bool = False, gpu_mem_gb: float = 80.0, bus_bw_gbps: float = 100.0,
+             accum: int = 1, lora_dropout: float = 0.05, ce_chunk_tokens: int = 0) -> dict:
+    """Per-GPU memory, all-reduce and batch figures. "peak_bytes" predicts torch.cuda.max_memory_allocated()
+    after optimizer step 3 (allocator margin excluded); "peak_breakdown" adds up to it.
+
+    With TP every rank is taken to hold 1/tp of each weight and of the attention/MLP activations, while
+    hidden-size activations and the gathered logits stay whole (no sequence parallelism)."""
+    text_config = text_config.get("text_config") or text_config
+    if world_size % tp:
+        raise ValueError(f"world size {world_size} is not a multiple of the tensor-parallel degree {tp}")
+    dp = world_size // tp
+    tied = text_config.get("tie_word_embeddings", True)
+    n_params = sum(_numel(s) for s, _ in param_shapes.values())
+    by_group, by_dtype = {}, {}
+    for name, (shape, dtype) in param_shapes.items():
+        by_group[_group(name)] = by_group.get(_group(name), 0) + _numel(shape)
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + _numel(shape)
+    (vocab, hidden), embed_dtype = next(v for n, v in param_shapes.items() if n.endswith("embed_tokens.weight"))
+
+    lora = {} if full else lora_params(param_shapes, targets, lora_r, tied)
+    if not full and not lora and not train_embeddings:
+        raise ValueError(f"LoRA targets {targets!r} match no Linear module")
+    n_lora = sum(lora.values())
+    # modules_to_save: PEFT trains a copy of the embedding (one copy when tied, with ensure_weight_tying)
+    # in the stored dtype, beside the frozen original; AdamW keeps its moments in that dtype too.
+    emb_copy = 0 if full or not train_embeddings else (1 if tied else 2) * vocab * hidden
+    emb_bytes = emb_copy * DTYPE_BYTES[embed_dtype]
+
+    b = {}  # bytes per GPU that persist across steps
+    if full:
+        b["weights (BF16)"] = 2 * n_params / tp
+        b["gradients (BF16)"] = 2 * n_params / tp
+        b["AdamW: FP32 master + 2 moments"] = 12 * n_params / tp
+    else:
+        also = f" + embedding copy {embed_dtype}" if emb_copy else ""
+        b["frozen weights"] = sum(_numel(s) * DTYPE_BYTES[d] for s, d in param_shapes.values()) / tp
+        b[f"adapter weights (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
+        b[f"gradients (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
+        b[f"AdamW state (2 x FP32{also})"] = (8 * n_lora + 2 * emb_bytes) / tp
+    grad_bytes = next(v for k, v in b.items() if k.startswith("gradients"))
+
+    a = _activations(param_shapes, text_config, lora, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                     lora_r=lora_r, lora_dropout=lora_dropout, full=full, train_embeddings=train_embeddings,
+                     ce_chunk_tokens=ce_chunk_tokens)
+    # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
+    # inside a layer's backward (recomputed first when checkpointing).
+    kept = (a["boundaries"] if grad_ckpt else a["all_layers"]) + a["masks"]
+    phases = {
+        "cross-entropy backward": {"saved activations": kept + a["final_norm"],
+                                   "logits + cross-entropy buffers": a["logits_ce"]},
+        "decoder-layer backward": {"saved activations": kept, "one layer's recompute + backward": a["transient"]
+                                   + (a["one_layer"] if grad_ckpt else 0)},
+    }
+    peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
+    breakdown = {**b, "DDP buckets (views of the gradients)": 0, **phases[peak_phase]}
+    peak = sum(breakdown.values())
+    margin = FRAGMENTATION * peak + CUDA_CONTEXT_BYTES + (NCCL_BYTES if world_size > 1 else 0)
+    card, total = gpu_mem_gb * GiB, peak + margin
+    state = grad_bytes + sum(v for k, v in b.items() if k.startswith("AdamW"))
+    strategy, reason = _strategy(total, state, card, dp)
+    ring = 2 * (dp - 1) / dp
+    return {
+        "settings": dict(seq_len=seq_len, micro_batch=micro_batch, accum=accum, world_size=world_size, tp=tp,
+                         dp=dp, lora_r=lora_r, lora_dropout=lora_dropout, targets=targets, grad_ckpt=grad_ckpt,
+                         ce_chunk_tokens=ce_chunk_tokens,
+                         full=full, train_embeddings=train_embeddings, gpu_mem_gb=gpu_mem_gb,
+                         bus_bw_gbps=bus_bw_gbps),
+        "params": {"total": n_params, "by_group": by_group, "by_dtype": by_dtype,
+                   "under_language_model": sum(_numel(s) for n, (s, _) in param_shapes.items()
+                                               if "language_model." in n),
+                   "vocab": vocab, "hidden": hidden, "layers": len(a["layers"]), "tied_embeddings": tied},
+        "lora_params": n_lora, "lora_modules": len(lora), "trainable_params": n_params if full else n_lora + emb_copy,
+        "bytes": b, "grad_bytes": grad_bytes,
+        "activations_ckpt_bytes": a["boundaries"] + a["masks"] + a["one_layer"] + a["transient"],
+        "activations_no_ckpt_bytes": a["all_layers"] + a["masks"],
+        "activation_terms": a["terms"], "layer_saved_bytes": a["layers"], "logits_ce_bytes": a["logits_ce"],
+        "peak_phase": peak_phase, "peak_breakdown": breakdown, "peak_bytes": peak,
+        "allocator_margin_bytes": margin, "total_bytes": total, "card_bytes": card, "fits": total <= card,
+        "strategy": strategy, "strategy_reason": reason,
+        "ddp_buckets": math.ceil(grad_bytes / DDP_BUCKET_BYTES),
+        "allreduce_ring_factor": ring, "allreduce_bytes": grad_bytes * ring,
+        "allreduce_seconds": grad_bytes * ring / (bus_bw_gbps * GB),
+        "global_batch": micro_batch * accum * dp,
+        "full_finetune_bytes": full_finetune_bytes(n_params),
+    }
+
+
+# ---------------------------------------------------------------- report
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M" if n >= 1e5 else f"{n:,.0f}"
+
+
+def format_report(result: dict) -> str:
+    s, p = result["settings"], result["params"]
+    row = lambda label, n: f"  {label:<56}{n / GB:>9.2f} GB{n / GiB:>9.2f} GiB"
+    mode = ("full fine-tuning" if s["full"]
+            else f"LoRA r={s['lora_r']}" + (" + embeddings" if s["train_embeddings"] else ""))
+    out = [f"Parameters: {_count(p['total'])} ({_count(p['under_language_model'])} under "
+           f"model.language_model), {p['layers']} decoder layers, vocab {p['vocab']:,}, hidden {p['hidden']}"]
+    out += [f"  {g:<20}{_count(n):>12}" for g, n in sorted(p["by_group"].items(), key=lambda x: -x[1])]
+    out.append("  by dtype: " + ", ".join(f"{d} {_count(n)}" for d, n in p["by_dtype"].items()))
+    if not s["full"]:
+        out.append(f"LoRA r={s['lora_r']} on {result['lora_modules']} modules (targets {s['targets']!r}): "
+                   f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)")
+    out.append(f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, gradient checkpointing "
+               f"{'on' if s['grad_ckpt'] else 'off'}, TP {s['tp']}, DP {s['dp']}")
+    out += [row(k, v) for k, v in result["peak_breakdown"].items()]
+    out.append(row("predicted peak = torch.cuda.max_memory_allocated()", result["peak_bytes"])
+               + f"  (in {result['peak_phase']})")
+    out.append(row("allocator margin (fragmentation, CUDA context, NCCL)", result["allocator_margin_bytes"]))
+    out.append(row("total", result["total_bytes"]) + f"  of {s['gpu_mem_gb']:g} GiB: "
+               + ("fits" if result["fits"] else "DOES NOT FIT"))
+    out.append("  for reference:")
+    out.append(row("activations with checkpointing (one layer in flight)", result["activations_ckpt_bytes"]))
+    out.append(row("activations without checkpointing", result["activations_no_ckpt_bytes"]))
+    out.append(row(f"logits + cross-entropy buffers (FP32, vocab {p['vocab']:,})", result["logits_ce_bytes"]))
+    out.append(row("full fine-tuning state, 16 B/param, before activations", result["full_finetune_bytes"]))
+    out.append(f"\nStrategy: {result['strategy']}: {result['strategy_reason']}.")
+    out.append(f"Gradient all-reduce per optimizer step: {result['grad_bytes'] / GB:.3f} GB of gradients "
+               f"({result['ddp_buckets']} DDP buckets) x ring factor 2(N-1)/N = {result['allreduce_ring_factor']:.2f}"
+               f" (N = DP = {s['dp']})\n  = {result['allreduce_bytes'] / GB:.3f} GB per GPU, "
+               f"{1e3 * result['allreduce_seconds']:.1f} ms at {s['bus_bw_gbps']:g} GB/s bus bandwidth")
+    out.append(f"Global batch: micro {s['micro_batch']} x accumulation {s['accum']} x DP {s['dp']} "
+               f"(= world {s['world_size']} / TP {s['tp']}) = {result['global_batch']} sequences per update")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="local folder, config.json, or hub id")
+    ap.add_argument("--gpus-per-node", type=int, default=1)
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DP = world size / TP)")
+    ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sample after padding")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-dropout", type=float, default=0.05)
+    ap.add_argument("--targets", default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"')
+    ap.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off")
+    ap.add_argument("--ce-chunk-tokens", type=int, default=0,
+                    help="loss in checkpointed chunks of this many target tokens (0: all logits at once)")
+    ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    ap.add_argument("--train-embeddings", action="store_true",
+                    help="embed_tokens/lm_head trainable (PEFT modules_to_save)")
+    ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
+    ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    a = ap.parse_args(argv)
+    shapes = param_shapes_from_path(a.model)
+    result = estimate(shapes, load_config(a.model), seq_len=a.seq_len, micro_batch=a.micro_batch,
+                      world_size=a.gpus_per_node * a.nodes, tp=a.tp, lora_r=a.lora_r, targets=a.targets,
+                      grad_ckpt=not a.no_grad_ckpt, full=a.full, train_embeddings=a.train_embeddings,
+                      gpu_mem_gb=a.gpu_mem_gb, bus_bw_gbps=a.bus_bw_gbps, accum=a.accum,
+                      lora_dropout=a.lora_dropout, ce_chunk_tokens=a.ce_chunk_tokens)
+    print(json.dumps(result, indent=2) if a.json else f"{a.model}\n{format_report(result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

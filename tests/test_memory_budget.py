@@ -1,0 +1,307 @@
+"""memory_budget.py: SPEC's worked figures from the 12B config, the safetensors header reader, LoRA
+counts against PEFT, the activation model against autograd's saved tensors, and the CLI."""
+import collections
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+from transformers.models.gemma4_unified import Gemma4UnifiedConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # memory_budget.py lives at the repo root
+import memory_budget as mb  # noqa: E402
+
+CONFIG_12B = ROOT / "configs" / "gemma-4-12b.json"
+GB, GiB = mb.GB, mb.GiB
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def shapes_12b():
+    """Names, shapes and dtypes of the 12B, from its config built on the meta device."""
+    return mb.param_shapes_from_path(CONFIG_12B)
+
+
+@pytest.fixture(scope="module")
+def text_12b():
+    return json.loads(CONFIG_12B.read_text())["text_config"]
+
+
+def write_header_only(path: Path, shapes: dict) -> None:
+    """A safetensors file with a real header and no data: the file is extended sparsely to its full size."""
+    header, offset = {}, 0
+    for name, (shape, dtype) in shapes.items():
+        size = mb._numel(shape) * mb.DTYPE_BYTES[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
+
+
+@pytest.fixture(scope="module")
+def header_only_12b(tmp_path_factory, shapes_12b):
+    """The 12B as a sharded checkpoint folder (index + 2 shards) whose shards hold headers only."""
+    folder = tmp_path_factory.mktemp("gemma-4-12b")
+    names = list(shapes_12b)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        write_header_only(folder / file, {k: shapes_12b[k] for k in keys})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "config.json").write_text(CONFIG_12B.read_text())
+    return folder
+
+
+def budget(shapes, text, **kw):
+    return mb.estimate(shapes, text, **{"seq_len": 2048, "micro_batch": 1, **kw})
+
+
+# ---------------------------------------------------------------- SPEC's figures, 12B
+
+def test_12b_config_is_the_spec_architecture(text_12b):
+    assert json.loads(CONFIG_12B.read_text())["model_type"] == "gemma4_unified"
+    t = text_12b
+    assert (t["hidden_size"], t["intermediate_size"], t["num_hidden_layers"]) == (3840, 15360, 48)
+    assert (t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]) == (16, 8, 256)
+    assert (t["vocab_size"], t["sliding_window"], t["final_logit_softcapping"]) == (262144, 1024, 30.0)
+    assert t["attention_k_eq_v"] and t["tie_word_embeddings"]
+    assert t["layer_types"].count("full_attention") == 8
+
+
+def test_12b_parameter_counts(shapes_12b, text_12b):
+    p = budget(shapes_12b, text_12b)["params"]
+    assert p["total"] == pytest.approx(11.96e9, abs=0.02e9)
+    assert p["under_language_model"] == pytest.approx(11.91e9, abs=0.02e9)
+    assert shapes_12b["model.language_model.embed_tokens.weight"] == ((262144, 3840), "BF16")
+    assert p["by_group"]["embeddings"] == 262144 * 3840
+    assert p["by_group"]["vision"] > 0 and p["by_group"]["audio"] > 0
+    assert p["by_dtype"] == {"BF16": p["total"]}
+
+
+def test_12b_lora_count_skips_missing_v_proj(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b)
+    assert r["lora_params"] == 65_634_304
+    assert r["lora_params"] / r["params"]["total"] == pytest.approx(0.0055, abs=0.0001)
+    assert r["lora_modules"] == 48 * 7 - 8  # the 8 global layers have k_proj but no v_proj
+    lora = mb.lora_params(shapes_12b)
+    assert "model.language_model.layers.5.self_attn.v_proj" not in lora
+    assert not any("embed_vision" in m or "embed_audio" in m for m in lora)
+
+
+def test_header_only_checkpoint_gives_the_same_shapes_and_budget(header_only_12b, shapes_12b, text_12b):
+    assert (header_only_12b / "model-00001-of-00002.safetensors").stat().st_size > 10 * GB  # sparse
+    assert mb.param_shapes_from_path(header_only_12b) == shapes_12b
+    text = mb.load_config(header_only_12b)["text_config"]
+    assert budget(mb.param_shapes_from_path(header_only_12b), text) == budget(shapes_12b, text_12b)
+
+
+def test_12b_lora_fits_a_48gb_card_with_checkpointing(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b, gpu_mem_gb=48)
+    assert 35 * GB <= r["total_bytes"] <= 40 * GB
+    assert r["peak_bytes"] == sum(r["peak_breakdown"].values())
+    assert r["fits"] and r["strategy"] == "DDP"
+    assert r["bytes"]["frozen weights"] / GiB == pytest.approx(22.3, abs=0.05)
+    assert r["bytes"]["gradients (FP32)"] == pytest.approx(0.26 * GB, rel=0.02)
+
+
+def test_logits_and_cross_entropy_buffers_are_6_to_9_gb_at_2048(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b)
+    assert 6 * GB <= r["logits_ce_bytes"] <= 9 * GB
+    assert r["peak_phase"] == "cross-entropy backward"
+    assert budget(shapes_12b, text_12b, seq_len=4096)["logits_ce_bytes"] == 2 * r["logits_ce_bytes"]
+    micro4 = dict(micro_batch=4, seq_len=2048)
+    chunked = budget(shapes_12b, text_12b, ce_chunk_tokens=4096, **micro4)  # train_ddp.py's CE_CHUNK_TOKENS
+    assert chunked["logits_ce_bytes"] == budget(shapes_12b, text_12b, **micro4)["logits_ce_bytes"] / 2
+
+
+def test_checkpointing_trades_activations(shapes_12b, text_12b):
+    on, off = budget(shapes_12b, text_12b), budget(shapes_12b, text_12b, grad_ckpt=False)
+    assert on["activations_ckpt_bytes"] < 0.1 * on["activations_no_ckpt_bytes"]
+    assert off["peak_bytes"] - on["peak_bytes"] > 25 * GB
+    assert sum(on["activation_terms"].values()) == sum(on["layer_saved_bytes"])
+
+
+def test_full_finetuning_is_16_bytes_per_param_and_needs_sharding(shapes_12b, text_12b):
+    assert mb.full_finetune_bytes(0.6e9) == 9.6e9
+    assert mb.full_finetune_bytes(0.6e9) / GiB == pytest.approx(8.94, abs=0.005)
+    full = budget(shapes_12b, text_12b, full=True, world_size=8)
+    assert full["full_finetune_bytes"] == pytest.approx(191e9, rel=0.01)
+    assert sum(full["bytes"].values()) == full["full_finetune_bytes"]
+    assert not full["fits"] and full["strategy"] == "FSDP/ZeRO"
+    assert budget(shapes_12b, text_12b, world_size=8)["strategy"] == "DDP"
+
+
+def test_weights_beyond_the_card_need_tensor_or_pipeline_parallelism(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b, gpu_mem_gb=16)
+    assert not r["fits"] and r["strategy"] == "TP/PP"
+
+
+def test_allreduce_bytes_and_time(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b, world_size=8)
+    assert r["allreduce_ring_factor"] == 1.75
+    assert r["allreduce_bytes"] == pytest.approx(0.46 * GB, rel=0.01)
+    assert r["allreduce_seconds"] == pytest.approx(0.005, abs=0.0005)
+    emb = budget(shapes_12b, text_12b, world_size=8, train_embeddings=True)
+    assert 3.5 * GB < emb["allreduce_bytes"] < 5 * GB  # about ten times the LoRA-only all-reduce
+    assert 8 < emb["allreduce_bytes"] / r["allreduce_bytes"] < 12
+    assert budget(shapes_12b, text_12b)["allreduce_bytes"] == 0  # a single GPU has nothing to reduce
+
+
+def test_global_batch_counts_data_parallel_ranks_only(shapes_12b, text_12b):
+    r = budget(shapes_12b, text_12b, world_size=8, tp=2, micro_batch=2, accum=8)
+    assert r["settings"]["dp"] == 4 and r["global_batch"] == 64
+    with pytest.raises(ValueError, match="multiple"):
+        budget(shapes_12b, text_12b, world_size=6, tp=4)
+
+
+def test_report_is_a_readable_table(shapes_12b, text_12b):
+    text = mb.format_report(budget(shapes_12b, text_12b, world_size=8))
+    for needle in ("65,634,304", "frozen weights", "AdamW state", "logits + cross-entropy buffers",
+                   "without checkpointing", "allocator margin", "Strategy: DDP", "1.75", "Global batch", "GiB"):
+        assert needle in text
+
+
+# ---------------------------------------------------------------- header reader vs the safetensors library
+
+def test_header_reader_matches_safetensors_file(tmp_path):
+    tensors = {"a.weight": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7, dtype=torch.float32),
+               "c.idx": torch.zeros(2, 2, 2, dtype=torch.int64), "d": torch.zeros((), dtype=torch.float16)}
+    save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
+    assert mb.read_safetensors_header(tmp_path / "x.safetensors") == {
+        "a.weight": ((3, 5), "BF16"), "b": ((7,), "F32"), "c.idx": ((2, 2, 2), "I64"), "d": ((), "F16")}
+
+
+def test_sharded_and_unsharded_checkpoints_read_alike(tmp_path, tiny_model_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    sharded, unsharded = mb.param_shapes_from_path(tmp_path), mb.param_shapes_from_path(tiny_model_path)
+    assert sharded == unsharded
+    in_memory = mb.param_shapes_from_model(model)  # checkpoint keys renamed to parameter names
+    assert {k: unsharded[k] for k in in_memory} == in_memory
+    assert all(k.endswith("layer_scalar") for k in set(unsharded) - set(in_memory))  # persistent buffers
+
+
+def test_config_alone_is_built_on_the_meta_device(tmp_path, tiny_model_path):
+    (tmp_path / "config.json").write_text((tiny_model_path / "config.json").read_text())
+    in_memory = mb.param_shapes_from_model(AutoModelForCausalLM.from_pretrained(tiny_model_path))
+    assert mb.param_shapes_from_path(tmp_path) == in_memory
+    assert mb.param_shapes_from_path(tmp_path / "config.json") == in_memory
+
+
+def test_hub_id_uses_header_metadata_only(monkeypatch, tiny_model_path):
+    """Offline stand-in for huggingface_hub's two calls: config.json and the safetensors header metadata."""
+    import huggingface_hub
+    from types import SimpleNamespace as NS
+    header = mb.read_safetensors_header(tiny_model_path / "model.safetensors")
+    tensors = {name: NS(shape=list(shape), dtype=dtype) for name, (shape, dtype) in header.items()}
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata",
+                        lambda repo: NS(files_metadata={"model.safetensors": NS(tensors=tensors)}))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, file: tiny_model_path / file)
+    assert mb.param_shapes_from_path("google/tiny-gemma4") == mb.param_shapes_from_path(tiny_model_path)
+
+
+# ---------------------------------------------------------------- LoRA counts vs PEFT
+
+@pytest.mark.parametrize("targets", [
+    mb.DEFAULT_TARGETS,
+    r".*\.(q_proj|v_proj)",
+    r".*language_model.*mlp\.\w+_proj",
+    r".*embed_vision\..*(patch_dense|embedding_projection)|.*embed_audio\.embedding_projection",
+    "all-linear",
+    ["q_proj", "o_proj", "down_proj"],
+])
+@pytest.mark.parametrize("r", [1, 8, 16])
+def test_lora_count_equals_peft(tiny_model_path, targets, r):
+    shapes = mb.param_shapes_from_path(tiny_model_path)
+    text = mb.load_config(tiny_model_path)["text_config"]
+    ours = mb.estimate(shapes, text, seq_len=64, micro_batch=1, lora_r=r, targets=targets)["lora_params"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    peft = get_peft_model(model, LoraConfig(r=r, target_modules=targets))
+    assert ours == peft.get_nb_trainable_parameters()[0]
+
+
+def test_trainable_embeddings_equal_peft_modules_to_save(tiny_model_path):
+    shapes = mb.param_shapes_from_path(tiny_model_path)
+    text = mb.load_config(tiny_model_path)["text_config"]
+    ours = mb.estimate(shapes, text, seq_len=64, micro_batch=1, train_embeddings=True)["trainable_params"]
+    config = LoraConfig(r=16, target_modules=mb.DEFAULT_TARGETS, modules_to_save=["embed_tokens", "lm_head"],
+                        ensure_weight_tying=True)
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path), config)
+    assert ours == peft.get_nb_trainable_parameters()[0]
+
+
+def test_targets_matching_nothing_are_an_error(tiny_model_path):
+    shapes = mb.param_shapes_from_path(tiny_model_path)
+    with pytest.raises(ValueError, match="match no Linear"):
+        mb.estimate(shapes, {"num_attention_heads": 4}, seq_len=64, micro_batch=1, targets=r".*nothing")
+
+
+# ---------------------------------------------------------------- activation model vs autograd
+
+def test_saved_activations_match_autograd_on_cpu():
+    """Sum every tensor autograd saves for backward in the decoder layers of a small gemma4_unified (BF16
+    weights, BF16 autocast, PEFT LoRA) and compare with the per-layer model. Dropout is off: on CPU it keeps
+    an FP32 mask where CUDA keeps a 1-byte one."""
+    torch.manual_seed(0)
+    cfg = Gemma4UnifiedConfig(
+        text_config=dict(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=128,
+                         num_global_key_value_heads=2, attention_k_eq_v=True, final_logit_softcapping=30.0,
+                         sliding_window=128),
+        vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=16,
+                           output_proj_dims=32),
+        audio_config=dict(audio_embed_dim=32))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    shapes = mb.param_shapes_from_model(model)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=mb.DEFAULT_TARGETS, lora_dropout=0.0))
+    frozen = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    seen, where, current = set(), collections.Counter(), ["outside"]
+    for i, layer in enumerate(model.base_model.model.model.language_model.layers):
+        layer.register_forward_pre_hook(lambda *_, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda *_: current.__setitem__(0, "outside"))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen | frozen:
+            seen.add(storage.data_ptr())
+            where[current[0]] += storage.nbytes()
+        return t
+
+    ids = torch.randint(20, 512, (2, 256))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+    measured = sum(v for k, v in where.items() if k != "outside")
+    r = mb.estimate(shapes, cfg.text_config.to_dict(), seq_len=256, micro_batch=2, lora_r=8, lora_dropout=0.0)
+    predicted = sum(r["layer_saved_bytes"]) + 2 * r["lora_params"]  # + autocast's BF16 adapter copies
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_json(tiny_model_path):
+    out = subprocess.run([sys.executable, str(ROOT / "memory_budget.py"), str(tiny_model_path), "--json",
+                          "--gpus-per-node", "4", "--nodes", "2", "--tp", "2", "--micro-batch", "2", "--accum", "8",
+                          "--seq-len", "256"], capture_output=True, text=True, timeout=120, check=True).stdout
+    r = json.loads(out)
+    assert r["global_batch"] == 64 and r["settings"]["world_size"] == 8
+    assert r["peak_bytes"] > 0 and r["strategy"] == "DDP"
+
+
+def test_cli_table(capsys):
+    assert mb.main([str(CONFIG_12B), "--seq-len", "2048", "--micro-batch", "1", "--gpu-mem-gb", "48"]) == 0
+    out = capsys.readouterr().out
+    assert "65,634,304" in out and "fits" in out and "Strategy: DDP" in out
