@@ -12,7 +12,8 @@ CAUSE    Data sharded by hand (rows[rank::world]), filtered per rank, or an Iter
 FIX      DistributedSampler(drop_last=True) + DataLoader(drop_last=True), and take the number of
          steps from len(loader): identical on every rank [--fix, --fix=sampler]. For data that is
          uneven by nature: `with Join([model]):` around the loop; ranks that run out shadow the
-         others' all-reduces with zeros until all are done [--fix=join].
+         others' all-reduces with zeros until all are done (the extra batches' gradients are
+         still divided by the full world size) [--fix=join].
 SPOT IT  TORCH_DISTRIBUTED_DEBUG=DETAIL turns the hang into an immediate "Detected mismatch between
          collectives on ranks. Rank 0 is running collective: ...OpType=ALLREDUCE... but Rank 1 is
          running ...BARRIER". The NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000
@@ -40,9 +41,9 @@ args = ap.parse_args()
 
 os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # NCCL: raise here on timeout instead of aborting
 cuda = torch.cuda.is_available()
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-device = torch.device("cuda" if cuda else "cpu")
+    torch.cuda.set_device(device)  # one GPU per process, by LOCAL_RANK
 dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
 rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -82,11 +83,12 @@ if error is None:
     if rank == 0:
         print(f"OK (--fix={args.fix}): every rank reached the barrier; no collective was left waiting")
     sys.exit(0)
+time.sleep(0.5)  # let every rank report first
 if rank == 0:
     long = [r for r, c in enumerate(counts) if c == max(counts)]
     short = [r for r, c in enumerate(counts) if c < max(counts)]
-    print(f"SYMPTOM: rank(s) {long} blocked in the all-reduce of batch {max(counts)} while rank(s) {short} waited in the "
-          f"next barrier; both failed only at the {args.timeout:g} s timeout.")
+    print(f"SYMPTOM: rank(s) {long} blocked in the all-reduce of batch {max(counts)} while rank(s) {short} "
+          f"waited in the next barrier; all failed only at the {args.timeout:g} s timeout.")
     print(f"CAUSE:   batches per rank {counts}: hand-sharded data without drop_last; every DDP backward is a "
           f"collective all ranks must join.")
     print("FIX:     DistributedSampler(drop_last=True) + DataLoader(drop_last=True), steps = len(loader) "

@@ -47,9 +47,9 @@ ap.add_argument("--model", default=str(ROOT / "assets" / "tiny-gemma4"))
 args = ap.parse_args()
 
 cuda = torch.cuda.is_available()
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-device = torch.device("cuda" if cuda else "cpu")
+    torch.cuda.set_device(device)  # one GPU per process, by LOCAL_RANK
 dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
 rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -79,7 +79,7 @@ for step in (1, 2, 3):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        print(f"[rank {rank}] step {step} ok, loss {loss.item():.4f}, {time.perf_counter() - t0:.2f} s", flush=True)
+        print(f"[rank {rank}] step {step} ok, local loss {loss.item():.4f}, {time.perf_counter() - t0:.2f} s", flush=True)
     except RuntimeError as e:
         error = str(e)
         print(f"[rank {rank}] step {step} FAILED: {error.splitlines()[0]}", flush=True)
@@ -89,7 +89,8 @@ if error is None:
     dist.destroy_process_group()
     if rank == 0:
         why = ("adapters only on the text decoder, every one gets a gradient" if args.fix == "scope" else
-               "DDP searched the graph for unused parameters after every forward (costly; dead adapters still all-reduced)")
+               "DDP walked the autograd graph for unused parameters after every forward "
+               "(costly; the dead adapters are still all-reduced)")
         print(f"OK (--fix={args.fix}): 3 steps on {world} ranks; {why}")
     sys.exit(0)
 
@@ -99,9 +100,12 @@ print(f"[rank {rank}] parameter indices without grad: {idx}", flush=True)
 if rank == 0:
     print("  which are:", *[f"    {i}: {names[i]}" for i in idx], sep="\n")
     modules = sorted({names[i].rsplit(".lora_", 1)[0].removeprefix("base_model.model.") for i in idx})
-    print(f"SYMPTOM: step 1 passed, step 2 raised 'Expected to have finished reduction in the prior iteration' on ranks 0..{world - 1} (indices {idx}).")
-    print(f"CAUSE:   all-linear put LoRA on {', '.join(modules) or 'multimodal embedders'}; text-only batches never use them, so they get no gradient.")
-    print(f"FIX:     target_modules={SCOPED!r} (--fix); find_unused_parameters=True (--fix=find_unused) works but costs a graph walk per step.")
+    print(f"SYMPTOM: step 1 passed; step 2 raised 'Expected to have finished reduction in the prior iteration' "
+          f"on every rank (ranks 0..{world - 1}), parameter indices {idx}.")
+    print(f"CAUSE:   all-linear put LoRA on {', '.join(modules) or 'the multimodal embedders'}; "
+          "text-only batches never use them, so they get no gradient.")
+    print(f"FIX:     target_modules={SCOPED!r} (--fix); "
+          "find_unused_parameters=True (--fix=find_unused) works but costs a graph walk per step.")
 sys.stdout.flush()
 if rank != 0:
     time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down

@@ -1,0 +1,82 @@
+"""Every repro/ script on CPU (gloo, 2 ranks): each bug variant fails in bounded time with its
+message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
+import re
+import time
+
+import pytest
+from conftest import ROOT, torchrun
+
+REPRO = ROOT / "repro"
+HANG = ("--timeout", 5)  # process-group timeout for the cases that would hang: the error comes after 5 s
+
+# per-rank checksums printed by rank 0 on consecutive lines: rank 1's differs from rank 0's
+DRIFT4 = r"rank 0: sha256 of all trained parameters (\w+)\n  rank 1: sha256 of all trained parameters (?!\1)\w+"
+DRIFT5 = r"rank 0: all-reduces .* sha256 (\w+)\n  rank 1: all-reduces .* sha256 (?!\1)\w+"
+
+# (script, args, patterns that must all appear in the output)
+BUGS = [
+    ("01_uneven_batches.py", HANG, [r"batches per rank: \[3, 2\]", r"Timed out", r"stuck in the gradient all-reduce of batch 3/3",
+                                    r"stuck in the barrier after its 2 batches"]),
+    ("02_unused_parameters.py", (), [r"step 1 ok", r"Expected to have finished reduction in the prior iteration",
+                                     r"parameter indices without grad: \[\d+(, \d+){5}\]", r"embed_vision\.patch_dense\.lora_A",
+                                     r"embed_audio\.embedding_projection\.lora_B"]),
+    ("03_rank_divergent.py", ("--variant", "a", *HANG), [r"Timed out", r"stuck in all_reduce\(epoch_loss\) under `if rank == 0`"]),
+    ("03_rank_divergent.py", ("--variant", "b", *HANG), [r"Timed out", r"stuck in DDP's buffer broadcast"]),
+    ("03_rank_divergent.py", ("--variant", "c", *HANG), [r"Timed out", r"left the loop at the NaN of step 2",
+                                                         r"stuck in the gradient all-reduce of step 2"]),
+    ("04_modified_after_wrap.py", ("--variant", "adapters"), [r"AFTER the DDP wrap", r"82 of 82 trained tensors differ", DRIFT4]),
+    ("04_modified_after_wrap.py", ("--variant", "unfreeze"), [r"AFTER the DDP wrap", r"1 of 83 trained tensors differ.*norm\.weight", DRIFT4]),
+    ("05_accumulation_sync.py", ("--variant", "a"), [r"per optimizer step \[4, 4, 4\]", r"12 all-reduces for 3 optimizer steps"]),
+    ("05_accumulation_sync.py", ("--variant", "b"), [r"per optimizer step \[0, 0, 0\]", r"replicas drifted", DRIFT5]),
+    ("06_closure_collate.py", (), [r"Can't (pickle|get) local object 'make_collate.<locals>.collate'"]),
+    ("07_all_ranks_write.py", (), [r"rank 0 reads back (a state no rank held|rank 1's state|an unreadable file)"]),
+]
+FIXES = [
+    ("01_uneven_batches.py", ("--fix=sampler", *HANG), [r"batches per rank: \[2, 2\]"]),
+    ("01_uneven_batches.py", ("--fix=join", *HANG), [r"batches per rank: \[3, 2\]"]),
+    ("02_unused_parameters.py", ("--fix",), [r"OK \(--fix=scope\)", r"step 3 ok"]),
+    ("02_unused_parameters.py", ("--fix=find_unused",), [r"OK \(--fix=find_unused\)", r"step 3 ok"]),
+    ("03_rank_divergent.py", ("--variant", "a", "--fix", *HANG), [r"mean loss over ranks"]),
+    ("03_rank_divergent.py", ("--variant", "b", "--fix", *HANG), [r"eval on rank 0"]),
+    ("03_rank_divergent.py", ("--variant", "c", "--fix", *HANG), [r"all ranks stopped at step 2"]),
+    ("04_modified_after_wrap.py", ("--variant", "adapters", "--fix"), [r"0 of 82 trained tensors differ"]),
+    ("04_modified_after_wrap.py", ("--variant", "unfreeze", "--fix"), [r"0 of 83 trained tensors differ"]),
+    ("05_accumulation_sync.py", ("--fix",), [r"per optimizer step \[1, 1, 1\]", r"3 all-reduces for 3 steps"]),
+    ("06_closure_collate.py", ("--fix",), [r"2 batches from 2 spawned workers"]),
+    ("07_all_ranks_write.py", ("--fix",), [r"every rank read rank 0's state"]),
+]
+BOUND = 90  # seconds per launch, imports included; the hang cases error out after 5 s of waiting
+
+
+def _id(case):
+    return f"{case[0][:2]}{''.join(a for a in map(str, case[1]) if a.isalpha() or a.startswith('--fix'))}"
+
+
+def _run(script, args):
+    t0 = time.monotonic()
+    launch = torchrun(REPRO / script, *args, nproc=2, timeout=BOUND)
+    return launch, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("script,args,patterns", BUGS, ids=[_id(c) for c in BUGS])
+def test_bug_fails_fast_and_explains(script, args, patterns):
+    launch, seconds = _run(script, args)
+    out = launch.output
+    assert launch.returncode != 0, out[-4000:]
+    assert seconds < BOUND
+    for pattern in patterns:
+        assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
+    for tag in ("SYMPTOM:", "CAUSE:", "FIX:"):  # three lines, printed once (by rank 0)
+        assert len(re.findall(rf"^{tag}", out, re.M)) == 1, f"{tag} not printed exactly once:\n{out[-4000:]}"
+    assert re.search(r"^SYMPTOM:.*rank", out, re.M), "the summary must name the ranks involved"
+    assert "--fix" in re.search(r"^FIX:.*$", out, re.M).group(0)
+
+
+@pytest.mark.parametrize("script,args,patterns", FIXES, ids=[_id(c) for c in FIXES])
+def test_fix_exits_zero(script, args, patterns):
+    launch, seconds = _run(script, args)
+    out = launch.output
+    assert launch.returncode == 0, out[-4000:]
+    assert "SYMPTOM:" not in out and re.search(r"^OK ", out, re.M), out[-4000:]
+    for pattern in patterns:
+        assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
