@@ -29,11 +29,18 @@ PEAK_BF16_TFLOPS = {"H200": 790.0, "H100": 790.0}  # measured dense bf16 matmul 
 RUNS = {
     # SPEC's reference loop: full FP32 logits, PEFT's FP32 adapter inputs, every layer checkpointed
     "plain": {"CE_CHUNK_TOKENS": "0", "LORA_BF16_INPUTS": "0", "GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1"},
-    "frugal": {"GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1"},  # train_ddp.py's defaults
+    "defaults": {"MICRO_BATCH": "1"},  # train_ddp.py's defaults
+    # one constant picks the layout (memory_budget.plan_for_memory_target)
+    "frugal": {"MEMORY_TARGET_GIB": "25", "MICRO_BATCH": "1"},
+    "fast": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1"},
+    "fast-compile": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1", "COMPILE_LAYERS": "1"},
+    # explicit layouts
     "no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "1"},
     "ckpt-half": {"GRADIENT_CHECKPOINTING": "2", "MICRO_BATCH": "1"},
     "micro4": {"GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "4"},
-    "fast": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "2"},
+    "micro2-no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "2"},
+    "offload-chunk64": {"GRADIENT_CHECKPOINTING": "1", "CHECKPOINT_OFFLOAD": "1", "CE_CHUNK_TOKENS": "64",
+                        "MICRO_BATCH": "1"},
     "pad1": {"PAD_TO_MULTIPLE": "1"},  # varied-length data: every batch its own shape
     "pad64": {"PAD_TO_MULTIPLE": "64"},
 }
@@ -68,7 +75,7 @@ def train_flops_per_token(config_path: str, seq_len: int) -> float:
 def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:
     out = work / name
     samples = args.samples
-    micro = int(overrides.get("MICRO_BATCH", "1"))
+    micro = int(overrides.get("MICRO_BATCH", "1"))  # MEMORY_TARGET_GIB may re-split MICRO_BATCH x ACCUM_STEPS
     env = {**os.environ, "MODEL_CONFIG": str(Path(args.config).resolve()), "DATA_PATH": str(data),
            "OUTPUT_DIR": str(out), "MAX_LEN": str(args.seq_len), "ASSISTANT_ONLY_LOSS": "1" if args.data else "0",
            "MAX_STEPS": str(args.steps), "EPOCHS": "1000", "LR": "1e-4", "LORA_R": "16", "LORA_ALPHA": "32",

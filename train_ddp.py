@@ -67,7 +67,13 @@ LORA_DROPOUT = env("LORA_DROPOUT", 0.05)
 # hit the vision/audio embedders, which a text batch never uses -> DDP error at step 2 (repro/02).
 LORA_TARGETS = env("LORA_TARGETS", r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
 GRADIENT_CHECKPOINTING = env("GRADIENT_CHECKPOINTING", 1)  # checkpoint every Nth decoder layer: 1 all, 2 half, 0 none
-CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 4096)  # loss over target positions only, in chunks; 0 = full FP32 logits
+CHECKPOINT_OFFLOAD = env("CHECKPOINT_OFFLOAD", False)  # keep checkpointed layer inputs in pinned host memory
+# Per-GPU memory target (GiB of allocated memory). When set, memory_budget.py picks MICRO_BATCH (keeping
+# MICRO_BATCH*ACCUM_STEPS), GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS: the fastest
+# layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
+MEMORY_TARGET_GIB = env("MEMORY_TARGET_GIB", 0.0)
+COMPILE_LAYERS = env("COMPILE_LAYERS", False)  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
+CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 1024)  # loss over target positions only, in chunks; 0 = full FP32 logits
 LORA_BF16_INPUTS = env("LORA_BF16_INPUTS", True)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
 PAD_TO_MULTIPLE = env("PAD_TO_MULTIPLE", 64)  # fewer distinct shapes: kernels (cuDNN attention) plan once per shape
 SEED = env("SEED", 1234)
@@ -266,7 +272,7 @@ def add_lora(model):
         raise InputError(f"LORA_TARGETS {LORA_TARGETS!r} matches no Linear module (names look like {examples})")
     if GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                                              every_n_layers=GRADIENT_CHECKPOINTING)
+                                              every_n_layers=GRADIENT_CHECKPOINTING, offload=CHECKPOINT_OFFLOAD)
     config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
@@ -274,6 +280,9 @@ def add_lora(model):
         for module in peft_model.modules():
             if hasattr(module, "cast_input_dtype_enabled"):
                 module.cast_input_dtype_enabled = False
+    if COMPILE_LAYERS:  # after PEFT (the adapters are part of each layer), before DDP
+        for layer in peft_model.get_base_model().get_decoder().layers:
+            layer.compile()
     return peft_model
 
 
@@ -455,6 +464,18 @@ def find_resume_checkpoint() -> Path | None:
     return complete[-1] if complete else None
 
 
+def check_same_checkpoint(path: Path | None) -> Path | None:
+    """Every rank picked its checkpoint from its own view of OUTPUT_DIR. If the views differ (node-local
+    folders, stale caches of shared storage), ranks would resume from different steps and desynchronise:
+    stop all of them with the same error instead."""
+    chosen = [None] * dist.get_world_size()
+    dist.all_gather_object(chosen, str(path) if path else None)
+    if len(set(chosen)) > 1:
+        raise RuntimeError(f"ranks disagree on the checkpoint to resume from (by rank: {chosen}); "
+                           f"OUTPUT_DIR must be one shared folder, seen the same by every node")
+    return path
+
+
 def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -476,9 +497,30 @@ def predicted_peak_gib(peft_model, seq_len: int) -> float:
               for n, p in base.named_parameters() if "lora_" not in n}
     result = memory_budget.estimate(
         shapes, base.config.to_dict(), seq_len=seq_len, micro_batch=MICRO_BATCH, world_size=dist.get_world_size(),
-        lora_r=LORA_R, targets=LORA_TARGETS, grad_ckpt=GRADIENT_CHECKPOINTING > 0, accum=ACCUM_STEPS,
-        lora_dropout=LORA_DROPOUT, ce_chunk_tokens=CE_CHUNK_TOKENS)
+        lora_r=LORA_R, targets=LORA_TARGETS, grad_ckpt=GRADIENT_CHECKPOINTING, accum=ACCUM_STEPS,
+        lora_dropout=LORA_DROPOUT, ce_chunk_tokens=CE_CHUNK_TOKENS, offload=CHECKPOINT_OFFLOAD)
     return result["peak_bytes"] / 2**30
+
+
+def apply_memory_target() -> None:
+    """MEMORY_TARGET_GIB: let memory_budget.py choose the layout constants (same on every rank)."""
+    global MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS
+    import memory_budget
+
+    source = MODEL_CONFIG or MODEL_ID
+    try:
+        plan = memory_budget.plan_for_memory_target(
+            memory_budget.param_shapes_from_path(source), memory_budget.load_config(source), MEMORY_TARGET_GIB,
+            seq_len=MAX_LEN, samples_per_step=MICRO_BATCH * ACCUM_STEPS, world_size=int(os.environ["WORLD_SIZE"]),
+            lora_r=LORA_R, targets=LORA_TARGETS, lora_dropout=LORA_DROPOUT)
+    except ValueError as e:
+        raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
+    MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = plan["micro_batch"], plan["accum"], plan["grad_ckpt"]
+    CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = plan["offload"], plan["ce_chunk_tokens"]
+    if int(os.environ["RANK"]) == 0:
+        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: MICRO_BATCH={MICRO_BATCH} ACCUM_STEPS={ACCUM_STEPS} "
+              f"GRADIENT_CHECKPOINTING={GRADIENT_CHECKPOINTING} CHECKPOINT_OFFLOAD={CHECKPOINT_OFFLOAD} "
+              f"CE_CHUNK_TOKENS={CE_CHUNK_TOKENS} (predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB)", flush=True)
 
 
 def log_metrics(record: dict) -> None:
@@ -502,6 +544,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     check_writable(OUTPUT_DIR)
+    if MEMORY_TARGET_GIB > 0:
+        apply_memory_target()
     conversations = load_conversations(DATA_PATH)
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)
@@ -521,12 +565,14 @@ def main() -> None:
     device = init_distributed(local_rank)
     try:
         train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
-              resume_from, device)
+              check_same_checkpoint(resume_from), device)
     except Exception:
         # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
-        print(f"[rank {rank}] failed in optimizer step {_step['current']} (last completed: {_step['completed']}):\n{traceback.format_exc()}",
+        step, done = _step["current"], _step["completed"]
+        where = f"in optimizer step {step}" if step != done else f"after optimizer step {done}"
+        print(f"[rank {rank}] failed {where}; last completed step: {done}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
-        raise
+        sys.exit(1)  # the stack is printed above, once
     finally:
         dist.destroy_process_group()
 

@@ -182,3 +182,55 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
         lines = [l for l in run.output.splitlines() if l.startswith(f"[rank {rank}] error:")]
         assert rank == 1 or lines, run.output[-3000:]
         assert all(re.search(message, l) for l in lines), lines
+
+
+# ---------------------------------------------------------------- optimisations compute the same thing
+def loss_and_grads(monkeypatch, tokenizer, bf16: bool = False, **constants):
+    """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants patched."""
+    from collate import PadCollate
+
+    for name, value in {"LORA_DROPOUT": 0.0, "CE_CHUNK_TOKENS": 0, "GRADIENT_CHECKPOINTING": 0,
+                        "LORA_BF16_INPUTS": False, "COMPILE_LAYERS": False, **constants}.items():
+        monkeypatch.setattr(T, name, value)
+    rows = T.load_conversations(str(SAMPLE_DATA))[3:6]
+    batch = PadCollate(tokenizer.pad_token_id, constants.get("PAD_TO_MULTIPLE", 1))(
+        [T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
+    torch.manual_seed(0)
+    base = T.load_model(torch.device("cpu"))
+    model = T.add_lora(base.to(torch.bfloat16) if bf16 else base)
+    with torch.no_grad():  # non-zero B, so that every adapter weight gets a gradient
+        for i, (name, p) in enumerate(sorted(model.named_parameters())):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    module = T.CausalLMLoss(model).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss, n = module(**batch)
+    loss.backward()
+    return loss.detach().float(), int(n), [p.grad.float() for _, p in sorted(model.named_parameters()) if p.requires_grad]
+
+
+def assert_same(a, b, rtol):
+    (loss_a, n_a, grads_a), (loss_b, n_b, grads_b) = a, b
+    assert n_a == n_b
+    torch.testing.assert_close(loss_a, loss_b, rtol=rtol, atol=0)
+    for ga, gb in zip(grads_a, grads_b):  # relative to each tensor's scale
+        assert float((ga - gb).norm()) <= rtol * float(gb.norm()), float((ga - gb).norm() / gb.norm())
+
+
+@pytest.mark.parametrize("lever", [
+    {"CE_CHUNK_TOKENS": 64}, {"PAD_TO_MULTIPLE": 64}, {"GRADIENT_CHECKPOINTING": 1},
+    {"GRADIENT_CHECKPOINTING": 2},  # CHECKPOINT_OFFLOAD needs a GPU (pinned host memory): bench.py measures it
+], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_optimisation_gives_the_plain_loss_and_gradients(monkeypatch, tokenizer, lever):
+    assert_same(loss_and_grads(monkeypatch, tokenizer, **lever), loss_and_grads(monkeypatch, tokenizer), rtol=1e-5)
+
+
+def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(monkeypatch, tokenizer):
+    fast = loss_and_grads(monkeypatch, tokenizer, bf16=True, LORA_BF16_INPUTS=True)
+    plain = loss_and_grads(monkeypatch, tokenizer, bf16=True, LORA_BF16_INPUTS=False)
+    assert_same(fast, plain, rtol=2e-2)  # the adapter matmuls ran in bf16 either way; only casts moved
+
+
+def test_compiled_layers_give_the_eager_loss_and_gradients(monkeypatch, tokenizer):
+    assert_same(loss_and_grads(monkeypatch, tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
+                loss_and_grads(monkeypatch, tokenizer), rtol=1e-4)
