@@ -81,12 +81,12 @@ NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization
 LOG_EVERY = env("LOG_EVERY", 1)
 EVAL_EVERY = env("EVAL_EVERY", 0)  # optimizer steps between evaluations (0: only at the end, if EVAL_PATH)
 SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: only at epoch ends)
-KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)
+KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kept (at least 1)
 RESUME = env("RESUME", "auto")  # "auto": newest complete checkpoint in OUTPUT_DIR; "": never; or a path
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
 DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # a collective stuck this long becomes an error, not a silent hang
-FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: "nan@STEP@RANK", "drift@STEP@RANK", "die@STEP@RANK", "save@STEP"
+FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: KIND@STEP[@RANK], KIND in nan, drift, die, hang, save
 
 
 class InputError(Exception):
@@ -446,7 +446,7 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str)
         tmp.rename(final)  # a complete checkpoint appears in one step, or not at all
         shutil.rmtree(old, ignore_errors=True)
         if name != "adapter":
-            for stale in sorted(final.parent.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+            for stale in sorted(final.parent.glob("step-*"))[:-max(KEEP_CHECKPOINTS, 1)]:
                 shutil.rmtree(stale)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
     return final
@@ -608,7 +608,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         epoch = progress["epoch"]
         skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH
         batches = iter(train_loader(dataset, rank, world, epoch, skip, collate))
-        while progress["step_in_epoch"] < n_steps_epoch and progress["step"] < total_steps:
+        while progress["epoch"] == epoch and progress["step"] < total_steps:
             step = progress["step"] + 1
             _step["current"] = step
             torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
@@ -640,6 +640,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             if fault("hang"):
                 time.sleep(3600)  # a stuck rank: its peers' next collective must time out, not wait forever
             progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
+            if progress["step_in_epoch"] == n_steps_epoch:  # epoch end: resume would start the next epoch
+                progress.update(epoch=epoch + 1, step_in_epoch=0)
             _step["completed"] = step
             bar.update(1)
 
@@ -665,13 +667,10 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 if rank == 0:
                     log_metrics(result)
                 say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
-            if SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps:
+            if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
                 t_save = time.perf_counter()
                 save_checkpoint(model, optimizer, scheduler, dict(progress), f"step-{step:08d}")
                 say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
-        if progress["step_in_epoch"] >= n_steps_epoch:  # epoch end: checkpoint, next epoch from its start
-            progress.update(epoch=epoch + 1, step_in_epoch=0)
-            save_checkpoint(model, optimizer, scheduler, dict(progress), f"step-{progress['step']:08d}")
     bar.close()
 
     if eval_set is not None:

@@ -1,4 +1,5 @@
 """Shared fixtures: paths to the embedded default and a bounded multi-process launcher."""
+import contextlib
 import os
 import signal
 import socket
@@ -26,6 +27,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from the parent ids in /proc/*/stat (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the field after the state
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every worker. torchrun starts each worker in its own session, so killing
+    the launcher's process group alone would orphan them."""
+    if proc.poll() is not None:
+        return
+    groups = {proc.pid}
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait()
+
+
 def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: float = 180,
              extra_torchrun_args: tuple = ()) -> Launch:
     """Run `torchrun --nproc_per_node=nproc script args` on CPU (gloo) with a hard time bound.
@@ -43,7 +74,7 @@ def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: fl
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?)\n{out[-6000:]}")
     return Launch(proc.returncode, out)

@@ -66,7 +66,7 @@ def grad_equivalence(out: Path):
     T.forward_backward(model, mine[:1], torch.device("cpu"))  # warm-up step: DDP rebuilds buckets after it
     model.zero_grad(set_to_none=True)
     reduced.update(calls=0, elements=0)
-    loss_sum, n_targets, _ = T.forward_backward(model, mine, torch.device("cpu"))
+    loss_sum, n_targets, *_ = T.forward_backward(model, mine, torch.device("cpu"))
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ddp_grads = {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.requires_grad}
 

@@ -1,0 +1,343 @@
+"""Recovery, evaluation and guards (issue 5): real gloo jobs on CPU, each bounded in time.
+
+One uninterrupted 2-rank run is the reference (module fixture); every interrupted-then-resumed run
+must end with an adapter bitwise identical to it. Dropout is on, so the RNG handling is tested too.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train_ddp as T
+from collate import PadCollate
+from conftest import ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
+
+# 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
+# Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
+RUN = {"MAX_LEN": "128", "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "2", "NUM_WORKERS": "1",
+       "LORA_DROPOUT": "0.1", "SAVE_EVERY": "2", "KEEP_CHECKPOINTS": "2", "EVAL_EVERY": "3",
+       "DRIFT_CHECK_EVERY": "2", "DIST_TIMEOUT_S": "20"}
+TOTAL_STEPS = 6
+LAUNCH_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+              "TOKENIZERS_PARALLELISM": "false"}  # as conftest.torchrun
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rows = SAMPLE_DATA.read_text().splitlines()
+    (d / "train.jsonl").write_text("\n".join(rows[:28]) + "\n")
+    (d / "eval.jsonl").write_text("\n".join(rows[28:35]) + "\n")  # 7 examples: not divisible by 2 ranks
+    return {"DATA_PATH": str(d / "train.jsonl"), "EVAL_PATH": str(d / "eval.jsonl")}
+
+
+def job_env(data, out, **overrides) -> dict:
+    return {**RUN, **data, "OUTPUT_DIR": str(out), **overrides}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data):
+    """The uninterrupted run every recovery is compared against."""
+    out = tmp_path_factory.mktemp("reference")
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0, run.output[-4000:]
+    assert "identical on all 2 ranks" in run.output
+    return out
+
+
+def adapter(out):
+    return load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict):
+    assert a.keys() == b.keys() and a
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, f"{len(unequal)}/{len(a)} tensors differ, e.g. {unequal[:3]}"
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def resumed_step(output: str) -> int:
+    match = re.search(r"resumed from \S+step-(\d+) at step (\d+)", output)
+    assert match and int(match[1]) == int(match[2]), output[-3000:]
+    return int(match[2])
+
+
+class Job:
+    """A torchrun launch whose output is read while it runs: to act at a chosen moment, or to time it."""
+
+    started: list = []  # killed after each test, whatever its outcome (see no_orphans)
+
+    def __init__(self, env: dict, *torchrun_args: str):
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(ROOT / "train_ddp.py")]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LAUNCH_ENV, **env}, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.lines: list[tuple[float, str]] = []  # (monotonic time, line)
+        self.ended = None  # when the output closed: the job is gone
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        Job.started.append(self)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+        self.ended = time.monotonic()
+
+    @classmethod
+    def single_node(cls, env: dict, nproc: int = 2):
+        return cls(env, f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}")
+
+    @classmethod
+    def two_nodes(cls, env: dict, node1_env: dict | None = None) -> list:
+        """Two torchrun launches forming one job, one rank each; "node" 0 hosts the rendezvous store."""
+        port = free_port()
+        return [cls(env if n == 0 else node1_env or env, "--nnodes=2", f"--node-rank={n}", "--nproc_per_node=1", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", f"--rdzv-conf=is_host={int(n == 0)}")
+                for n in (0, 1)]
+
+    @property
+    def output(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120) -> float:
+        """Monotonic time at which `text` first appeared in the output."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hit = next((t for t, line in list(self.lines) if text in line), None)
+            if hit is not None:
+                return hit
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                pytest.fail(f"job exited ({self.proc.returncode}) before printing {text!r}:\n{self.output[-4000:]}")
+            time.sleep(0.02)
+        self.kill()
+        pytest.fail(f"{text!r} not printed within {timeout}s:\n{self.output[-4000:]}")
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"job did not finish within {timeout}s (hang?):\n{self.output[-4000:]}")
+        self.reader.join(10)
+        return self.proc.returncode
+
+    def kill(self):
+        """SIGKILL the launcher and every worker, as a preempted node would lose them."""
+        kill_tree(self.proc)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    yield
+    while Job.started:
+        Job.started.pop().kill()
+
+
+# ---------------------------------------------------------------- resume
+def test_reference_run_keeps_only_the_last_checkpoints(reference):
+    names = sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert names == ["step-00000004", "step-00000006"]  # KEEP_CHECKPOINTS=2, no .tmp-/.old- leftovers
+    assert [r["step"] for r in metrics(reference) if "loss" in r] == list(range(1, TOTAL_STEPS + 1))
+
+
+def test_sigkill_mid_run_then_resume_is_bitwise_exact(tmp_path, data, reference):
+    out = tmp_path / "out"
+    job = Job.single_node(job_env(data, out))
+    job.wait_for("checkpoint step 2 saved")
+    job.kill()
+    assert job.proc.returncode == -signal.SIGKILL and "adapter checksum" not in job.output
+    assert not (out / "adapter").exists()
+
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))  # RESUME=auto is the default
+    assert run.returncode == 0, run.output[-4000:]
+    step = resumed_step(run.output)
+    assert 2 <= step < TOTAL_STEPS
+    assert_bitwise_equal(adapter(out), adapter(reference))
+    # the continuation reproduces the reference's logged losses and evaluation exactly, step for step
+    tail = [r for r in metrics(out) if r["step"] > step]
+    expected = [r for r in metrics(reference) if r["step"] > step]
+    assert [(r["step"], r.get("loss"), r.get("eval_loss")) for r in tail[-len(expected):]] == \
+           [(r["step"], r.get("loss"), r.get("eval_loss")) for r in expected]
+
+
+def test_max_restarts_recovers_a_worker_that_dies_once(tmp_path, data, reference):
+    out = tmp_path / "out"
+    # torch 2.13 + c10d: the restarted group must not read the dead group's keys from the shared
+    # rendezvous store (pytorch/pytorch#135712), hence TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun.
+    env = job_env(data, out, FAULT_INJECT="die@5@1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    run = torchrun(ROOT / "train_ddp.py", env=env, extra_torchrun_args=("--max_restarts=1",), timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "failed (exitcode: 17) local_rank: 1" in run.output  # the first attempt really lost rank 1
+    assert resumed_step(run.output) == 4  # mid-epoch 1: one step of epoch 1 skipped, not re-tokenized
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_crash_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path, data, reference, monkeypatch):
+    out = tmp_path / "out"
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, FAULT_INJECT="save@4"))
+    assert run.returncode != 0
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-00000004", "step-00000002", "step-00000003"]
+    assert not (ckpts / ".tmp-step-00000004" / "trainer_state.pt").exists()  # really half-written
+    monkeypatch.setattr(T, "OUTPUT_DIR", str(out))
+    assert T.find_resume_checkpoint() == ckpts / "step-00000003"
+
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0, run.output[-4000:]
+    assert resumed_step(run.output) == 3  # the previous checkpoint loads, at an epoch boundary
+    assert_bitwise_equal(adapter(out), adapter(reference))
+    assert not list(ckpts.glob(".tmp-*"))
+
+
+def test_resume_skips_consumed_samples_without_loading_them(monkeypatch):
+    class Recording(torch.utils.data.Dataset):
+        def __init__(self):
+            self.loaded = []
+
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, i):
+            self.loaded.append(i)
+            return i
+
+    monkeypatch.setattr(T, "NUM_WORKERS", 0)
+    monkeypatch.setattr(T, "MICRO_BATCH", 2)
+    full = [b.tolist() for b in T.train_loader(Recording(), 1, 2, 3, 0, None)]
+    dataset = Recording()
+    resumed = [b.tolist() for b in T.train_loader(dataset, 1, 2, 3, 6, None)]
+    assert resumed == full[3:]  # the same order, continued after 6 consumed samples (3 micro-batches)
+    assert sorted(dataset.loaded) == sorted(sum(full[3:], []))  # skipped indices were never loaded
+
+
+def test_resume_picks_the_newest_complete_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "OUTPUT_DIR", str(tmp_path))
+    for name in ("step-00000002", "step-00000004", ".old-step-00000005", ".tmp-step-00000006"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    monkeypatch.setattr(T, "RESUME", "auto")
+    assert T.find_resume_checkpoint() == tmp_path / "checkpoints" / "step-00000004"
+    monkeypatch.setattr(T, "RESUME", "")
+    assert T.find_resume_checkpoint() is None
+    monkeypatch.setattr(T, "RESUME", str(tmp_path / "checkpoints" / ".tmp-step-00000006"))
+    with pytest.raises(T.InputError, match="not a checkpoint folder"):
+        T.find_resume_checkpoint()
+
+
+# ---------------------------------------------------------------- evaluation
+def test_distributed_eval_equals_single_process_eval_of_the_whole_file(data, reference):
+    from peft import set_peft_model_state_dict
+    from transformers import AutoTokenizer
+
+    evals = [r for r in metrics(reference) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [3, 6, 6]  # EVAL_EVERY=3, and once at the end
+
+    tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
+    peft_model = T.add_lora(T.load_model(torch.device("cpu")))
+    set_peft_model_state_dict(peft_model, adapter(reference))
+    rows = T.load_conversations(data["EVAL_PATH"])
+    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 128, True) for r in rows])
+    with torch.no_grad():
+        loss_sum, n_targets = T.CausalLMLoss(peft_model).eval()(**batch)  # all 7 examples, one process
+    assert evals[-1]["eval_targets"] == int(n_targets)  # each example counted exactly once
+    assert evals[-1]["eval_loss"] == pytest.approx(float(loss_sum) / int(n_targets), rel=1e-5, abs=0)
+
+
+# ---------------------------------------------------------------- guards
+def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
+    out = tmp_path / "out"
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, FAULT_INJECT="nan@3@1", NAN_POLICY="skip",
+                                                      MAX_STEPS="4", SAVE_EVERY="1", KEEP_CHECKPOINTS="9",
+                                                      DRIFT_CHECK_EVERY="1", EVAL_PATH=""))
+    assert run.returncode == 0, run.output[-4000:]
+    assert "identical on all 2 ranks" in run.output
+    steps = {r["step"]: r for r in metrics(out)}
+    assert [s for s, r in steps.items() if r["skipped"]] == [3] and math.isnan(steps[3]["loss"])
+    ckpt = {s: load_file(str(out / "checkpoints" / f"step-{s:08d}" / "adapter_model.safetensors")) for s in (2, 3)}
+    assert_bitwise_equal(ckpt[3], ckpt[2])  # step 3 changed nothing (and, per the drift check, on no rank)
+    assert all(not torch.equal(adapter(out)[k], ckpt[3][k]) for k in ckpt[3] if "lora_B" in k)  # step 4 trained
+
+
+def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
+    run = torchrun(ROOT / "train_ddp.py", timeout=120,
+                   env=job_env(data, tmp_path / "out", FAULT_INJECT="nan@2@1", NAN_POLICY="stop", EVAL_PATH=""))
+    assert run.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank {rank}] failed in optimizer step 2; last completed step: 1" in run.output, run.output[-4000:]
+    assert run.output.count("non-finite loss or gradient norm at step 2") >= 2
+    assert "adapter checksum" not in run.output
+
+
+def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
+    # 3 ranks, rank 0 drifts: the message must name rank 0, not "everyone but rank 0"
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="drift@1@0", EVAL_PATH=""), nproc=3)
+    assert job.wait(180) != 0
+    assert "replica drift at step 2: adapter weights on rank(s) [0] differ" in job.output, job.output[-4000:]
+    assert "[rank 1] failed after optimizer step 2; last completed step: 2" in job.output
+
+
+def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data):
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""))
+    t_step1 = job.wait_for("step 1 |")
+    assert job.wait(120) != 0
+    assert job.ended - t_step1 < int(RUN["DIST_TIMEOUT_S"]), f"took {job.ended - t_step1:.1f}s"
+    assert "failed (exitcode: 17) local_rank: 1" in job.output, job.output[-4000:]  # torchrun names the dead rank
+
+
+def test_killed_rank_on_another_node_makes_the_survivor_exit_with_its_stack(tmp_path, data):
+    # No common launcher stops the survivor here: its own failed collective has to.
+    nodes = Job.two_nodes(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""))
+    codes = [node.wait(120) for node in nodes]
+    assert all(code != 0 for code in codes)
+    dead = next(n for n in nodes if "failed (exitcode: 17)" in n.output)
+    survivor = next(n for n in nodes if n is not dead)
+    t_death = dead.wait_for("failed (exitcode: 17)")
+    assert survivor.ended - t_death < int(RUN["DIST_TIMEOUT_S"]), f"took {survivor.ended - t_death:.1f}s"
+    report = survivor.output[survivor.output.index("[rank 0] failed after optimizer step 2; last completed step: 2"):]
+    assert "Traceback" in report and "RuntimeError" in report, survivor.output[-4000:]
+
+
+def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, data):
+    timeout_s = 8
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="hang@2@1", EVAL_PATH="",
+                                  DIST_TIMEOUT_S=str(timeout_s)))
+    t_step2 = job.wait_for("step 2 |")  # rank 0 finished step 2; rank 1 is stuck before finishing it
+    assert job.wait(120) != 0
+    elapsed = job.ended - t_step2
+    assert timeout_s * 0.8 < elapsed < timeout_s + 20, f"took {elapsed:.1f}s"
+    # rank 0 finished step 2 and waited in its next collective (the drift check) until the timeout
+    report = job.output[job.output.index("[rank 0] failed after optimizer step 2; last completed step: 2"):]
+    assert "Traceback" in report and "check_replicas_identical" in report and "Timed out" in report, report[:4000]
+
+
+# ---------------------------------------------------------------- multi-node
+def test_two_node_launch_on_one_machine_completes(tmp_path, data, reference):
+    out = tmp_path / "out"  # shared by both "nodes", as OUTPUT_DIR on shared storage would be
+    nodes = Job.two_nodes(job_env(data, out))
+    codes = [node.wait(180) for node in nodes]
+    assert codes == [0, 0], "\n".join(node.output[-3000:] for node in nodes)
+    assert "identical on all 2 ranks" in "".join(node.output for node in nodes)
+    # one rank per node computes exactly what one rank per process did on one node
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tmp_path, data, reference):
+    # OUTPUT_DIR wrongly node-local: only node 0 sees a checkpoint, so ranks would resume from different steps
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(reference / "checkpoints" / "step-00000004", node0 / "checkpoints" / "step-00000004")
+    nodes = Job.two_nodes(job_env(data, node0), job_env(data, node1))
+    assert all(node.wait(120) != 0 for node in nodes)
+    for node in nodes:
+        assert "ranks disagree on the checkpoint to resume from" in node.output, node.output[-3000:]
+    assert not (node0 / "adapter").exists() and not (node1 / "adapter").exists()
