@@ -43,6 +43,8 @@ RUNS = {
                         "MICRO_BATCH": "1"},
     "pad1": {"PAD_TO_MULTIPLE": "1"},  # varied-length data: every batch its own shape
     "pad64": {"PAD_TO_MULTIPLE": "64"},
+    "micro4-ungrouped": {"MICRO_BATCH": "4", "GROUP_BY_LENGTH": "0"},  # varied-length data: padding
+    "micro4-grouped": {"MICRO_BATCH": "4", "GROUP_BY_LENGTH": "1"},
 }
 
 

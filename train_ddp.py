@@ -75,6 +75,7 @@ MEMORY_TARGET_GIB = env("MEMORY_TARGET_GIB", 0.0)
 COMPILE_LAYERS = env("COMPILE_LAYERS", False)  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 1024)  # loss over target positions only, in chunks; 0 = full FP32 logits
 LORA_BF16_INPUTS = env("LORA_BF16_INPUTS", True)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
+GROUP_BY_LENGTH = env("GROUP_BY_LENGTH", True)  # similar lengths share a micro-batch (within one optimizer step)
 PAD_TO_MULTIPLE = env("PAD_TO_MULTIPLE", 64)  # fewer distinct shapes: kernels (cuDNN attention) plan once per shape
 SEED = env("SEED", 1234)
 NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization happens there)
@@ -206,6 +207,7 @@ class ChatDataset(Dataset):
     def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool):
         self.conversations, self.tokenizer = conversations, tokenizer
         self.max_len, self.assistant_only = max_len, assistant_only
+        self.lengths = [sum(len(m["content"]) for m in c) for c in conversations]  # characters: no tokenizing
 
     def __len__(self):
         return len(self.conversations)
@@ -214,25 +216,36 @@ class ChatDataset(Dataset):
         return tokenize_conversation(self.tokenizer, self.conversations[i], self.max_len, self.assistant_only)
 
 
-class SkipSampler(Sampler):
-    """A rank's DistributedSampler order without its first `skip` indices (resuming mid-epoch)."""
+class StepOrder(Sampler):
+    """A rank's DistributedSampler order, without its first `skip` indices (resuming mid-epoch).
 
-    def __init__(self, sampler: DistributedSampler, skip: int):
-        self.sampler, self.skip = sampler, skip
+    With `lengths`, each window of `window` samples (one optimizer step of this rank) is sorted by
+    length: similar lengths share a micro-batch (less padding), while the samples of every optimizer
+    step, and so the update, stay exactly those of the shuffled order.
+    """
+
+    def __init__(self, sampler: DistributedSampler, skip: int, lengths: list[int] | None = None, window: int = 1):
+        self.sampler, self.skip, self.lengths, self.window = sampler, skip, lengths, window
 
     def __iter__(self):
-        return iter(list(self.sampler)[self.skip:])
+        order = list(self.sampler)
+        if self.lengths is not None:
+            order = [i for start in range(0, len(order), self.window)
+                     for i in sorted(order[start:start + self.window], key=lambda i: -self.lengths[i])]
+        return iter(order[self.skip:])
 
     def __len__(self):
         return len(self.sampler) - self.skip
 
 
-def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, collate: PadCollate) -> DataLoader:
+def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, collate: PadCollate,
+                 lengths: list[int] | None = None) -> DataLoader:
     # drop_last twice: the sampler gives every rank the same number of samples, the loader the
     # same number of full micro-batches, so every rank runs the same number of steps (no hang).
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
     sampler.set_epoch(epoch)
-    return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=SkipSampler(sampler, skip_samples),
+    order = StepOrder(sampler, skip_samples, lengths, window=MICRO_BATCH * ACCUM_STEPS)
+    return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=order,
                       drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS,
                       persistent_workers=False, pin_memory=torch.cuda.is_available())
 
@@ -436,7 +449,7 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str)
             os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
         if name != "adapter":
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "progress": progress}, tmp / "trainer_state.pt")
+                        "progress": progress, "run_shape": run_shape()}, tmp / "trainer_state.pt")
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -476,13 +489,22 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     return path
 
 
+def run_shape() -> dict:
+    """What a checkpoint's position in the data means: resuming under another shape would skip wrongly."""
+    return {"world_size": dist.get_world_size(), "samples_per_rank_step": MICRO_BATCH * ACCUM_STEPS}
+
+
 def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    if trainer_state["run_shape"] != run_shape():
+        raise InputError(f"{path} was written by a run of shape {trainer_state['run_shape']}, this one is "
+                         f"{run_shape()}: resume with the same world size and MICRO_BATCH*ACCUM_STEPS, or RESUME=''")
+
     state = load_file(str(path / "adapter_model.safetensors"), device=str(next(peft_model.parameters()).device))
     set_peft_model_state_dict(peft_model, state)
-    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(trainer_state["optimizer"])
     scheduler.load_state_dict(trainer_state["scheduler"])
     return trainer_state["progress"]
@@ -607,7 +629,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
     while progress["step"] < total_steps:
         epoch = progress["epoch"]
         skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH
-        batches = iter(train_loader(dataset, rank, world, epoch, skip, collate))
+        lengths = dataset.lengths if GROUP_BY_LENGTH else None
+        batches = iter(train_loader(dataset, rank, world, epoch, skip, collate, lengths))
         while progress["epoch"] == epoch and progress["step"] < total_steps:
             step = progress["step"] + 1
             _step["current"] = step

@@ -341,3 +341,14 @@ def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tm
     for node in nodes:
         assert "ranks disagree on the checkpoint to resume from" in node.output, node.output[-3000:]
     assert not (node0 / "adapter").exists() and not (node1 / "adapter").exists()
+
+
+def test_resume_under_another_run_shape_is_refused(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(SAMPLE_DATA.read_text().splitlines(keepends=True)[:16]))
+    env = {"DATA_PATH": str(data), "OUTPUT_DIR": str(tmp_path / "out"), "MAX_LEN": "128", "MICRO_BATCH": "2",
+           "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "0"}
+    assert torchrun(ROOT / "train_ddp.py", env=env).returncode == 0
+    run = torchrun(ROOT / "train_ddp.py", env={**env, "ACCUM_STEPS": "1", "EPOCHS": "2"})
+    assert run.returncode != 0
+    assert "resume with the same world size and MICRO_BATCH*ACCUM_STEPS" in run.output, run.output[-3000:]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train_ddp as T
-from collate import IGNORE_INDEX
+from collate import IGNORE_INDEX, PadCollate
 from conftest import ROOT, SAMPLE_DATA, torchrun
 
 
@@ -98,8 +98,6 @@ def test_adapters_only_on_the_text_decoder(tiny_lora_model):
 
 
 def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_model):
-    from collate import PadCollate
-
     rows = T.load_conversations(str(SAMPLE_DATA))[:3]
     batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
     module = T.CausalLMLoss(tiny_lora_model).eval()
@@ -187,8 +185,6 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
 # ---------------------------------------------------------------- optimisations compute the same thing
 def loss_and_grads(monkeypatch, tokenizer, bf16: bool = False, **constants):
     """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants patched."""
-    from collate import PadCollate
-
     for name, value in {"LORA_DROPOUT": 0.0, "CE_CHUNK_TOKENS": 0, "GRADIENT_CHECKPOINTING": 0,
                         "LORA_BF16_INPUTS": False, "COMPILE_LAYERS": False, **constants}.items():
         monkeypatch.setattr(T, name, value)
@@ -234,3 +230,24 @@ def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(monkeypatch, to
 def test_compiled_layers_give_the_eager_loss_and_gradients(monkeypatch, tokenizer):
     assert_same(loss_and_grads(monkeypatch, tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
                 loss_and_grads(monkeypatch, tokenizer), rtol=1e-4)
+
+
+def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(monkeypatch, tokenizer):
+    monkeypatch.setattr(T, "MICRO_BATCH", 4)
+    monkeypatch.setattr(T, "ACCUM_STEPS", 4)
+    monkeypatch.setattr(T, "NUM_WORKERS", 0)
+    dataset = T.ChatDataset(T.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
+    window = T.MICRO_BATCH * T.ACCUM_STEPS
+    collate = PadCollate(tokenizer.pad_token_id)
+    index_loader = [(T.train_loader(list(range(len(dataset))), 1, 2, 5, 0, None, lengths), lengths)
+                    for lengths in (None, dataset.lengths)]
+    plain, grouped = ([i for b in loader for i in b.tolist()] for loader, _ in index_loader)
+    assert len(plain) == len(grouped)
+    for start in range(0, len(plain), window):  # same samples in every optimizer step
+        assert sorted(plain[start:start + window]) == sorted(grouped[start:start + window])
+
+    def padding(order):
+        batches = [collate([dataset[i] for i in order[j:j + 4]]) for j in range(0, len(order), 4)]
+        return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["attention_mask"].numel() for b in batches)
+
+    assert padding(grouped) < 0.5 * padding(plain)
