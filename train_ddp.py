@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -80,6 +80,7 @@ PAD_TO_MULTIPLE = env("PAD_TO_MULTIPLE", 64)  # fewer distinct shapes: kernels (
 SEED = env("SEED", 1234)
 NUM_WORKERS = env("NUM_WORKERS", 2)  # DataLoader workers per rank (tokenization happens there)
 LOG_EVERY = env("LOG_EVERY", 1)
+PROFILE_STEP = env("PROFILE_STEP", 0)  # profile this optimizer step: kernel table on rank 0, trace in OUTPUT_DIR
 EVAL_EVERY = env("EVAL_EVERY", 0)  # optimizer steps between evaluations (0: only at the end, if EVAL_PATH)
 SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: only at epoch ends)
 KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kept (at least 1)
@@ -545,6 +546,22 @@ def apply_memory_target() -> None:
               f"CE_CHUNK_TOKENS={CE_CHUNK_TOKENS} (predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB)", flush=True)
 
 
+@contextmanager
+def profiled(active: bool, device: torch.device):
+    """torch.profiler around one step: the top kernels on rank 0 and a Chrome trace per rank (look for
+    NCCL kernels running under the backward compute of the last micro-batch)."""
+    if not active:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        yield
+    prof.export_chrome_trace(str(Path(OUTPUT_DIR) / f"trace_step{PROFILE_STEP}_rank{dist.get_rank()}.json"))
+    say(prof.key_averages().table(sort_by=f"{'cuda' if device.type == 'cuda' else 'cpu'}_time_total", row_limit=30))
+
+
 def log_metrics(record: dict) -> None:
     with open(Path(OUTPUT_DIR) / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -641,7 +658,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
 
-            loss_sum, n_targets, n_tokens, n_padded = forward_backward(model, micro_batches, device)
+            with profiled(step == PROFILE_STEP, device):
+                loss_sum, n_targets, n_tokens, n_padded = forward_backward(model, micro_batches, device)
             # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
             grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP))
             if fault("drift"):
