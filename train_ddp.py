@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -59,7 +60,7 @@ MAX_STEPS = env("MAX_STEPS", 0)  # stop after this many optimizer steps (0: run 
 LR = env("LR", 2e-4)
 WARMUP_STEPS = env("WARMUP_STEPS", 2)  # linear warmup, then cosine decay to 0
 WEIGHT_DECAY = env("WEIGHT_DECAY", 0.0)
-GRAD_CLIP = env("GRAD_CLIP", 1.0)
+GRAD_CLIP = env("GRAD_CLIP", 1.0)  # 0: no clipping
 LORA_R = env("LORA_R", 16)
 LORA_ALPHA = env("LORA_ALPHA", 32)
 LORA_DROPOUT = env("LORA_DROPOUT", 0.05)
@@ -132,7 +133,7 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 def check_writable(directory: str) -> None:
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        probe = Path(directory) / f".write_probe_{os.getpid()}"
+        probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
@@ -168,6 +169,8 @@ def load_conversations(path: str) -> list[list[dict]]:
                 raise InputError(f"{where}: message {j}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
             if not isinstance(m.get("content"), str):
                 raise InputError(f"{where}: message {j}: 'content' must be a string")
+        if messages[0]["role"] == "assistant":
+            raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
         if not any(m["role"] == "assistant" for m in messages):
             raise InputError(f"{where}: no assistant message, nothing to train on")
         rows.append(messages)
@@ -329,7 +332,9 @@ class CausalLMLoss(torch.nn.Module):
             return self.logits_loss_sum(hidden, targets), n_targets
         keep = targets != IGNORE_INDEX
         hidden, targets = hidden[keep], targets[keep]
-        loss = hidden.new_zeros((), dtype=torch.float32)
+        # No target here (an assistant turn cut off by MAX_LEN): a zero that still reaches every adapter,
+        # so backward runs and DDP's reducer gets the (zero) gradients it waits for.
+        loss = hidden.float().sum() * 0.0
         for i in range(0, targets.numel(), CE_CHUNK_TOKENS):
             loss = loss + checkpoint(self.logits_loss_sum, hidden[i:i + CE_CHUNK_TOKENS],
                                      targets[i:i + CE_CHUNK_TOKENS], use_reentrant=False)
@@ -455,9 +460,13 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str)
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
         if final.exists():
             final.rename(old)
         tmp.rename(final)  # a complete checkpoint appears in one step, or not at all
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        os.fsync(dir_fd)  # make the rename itself durable
+        os.close(dir_fd)
         shutil.rmtree(old, ignore_errors=True)
         if name != "adapter":
             for stale in sorted(final.parent.glob("step-*"))[:-max(KEEP_CHECKPOINTS, 1)]:
@@ -492,17 +501,20 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
 
 def run_shape() -> dict:
     """What a checkpoint's position in the data means: resuming under another shape would skip wrongly."""
-    return {"world_size": dist.get_world_size(), "samples_per_rank_step": MICRO_BATCH * ACCUM_STEPS}
+    return {"world_size": dist.get_world_size(), "samples_per_rank_step": MICRO_BATCH * ACCUM_STEPS,
+            "model": MODEL_CONFIG or MODEL_ID, "data": f"{DATA_PATH} ({Path(DATA_PATH).stat().st_size} bytes)",
+            "max_len": MAX_LEN, "seed": SEED}
 
 
 def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     if trainer_state["run_shape"] != run_shape():
         raise InputError(f"{path} was written by a run of shape {trainer_state['run_shape']}, this one is "
-                         f"{run_shape()}: resume with the same world size and MICRO_BATCH*ACCUM_STEPS, or RESUME=''")
+                         f"{run_shape()}: resume with the same world size, MICRO_BATCH*ACCUM_STEPS, model, data, MAX_LEN and "
+                         f"SEED, or start fresh with RESUME='' (or another OUTPUT_DIR)")
 
     state = load_file(str(path / "adapter_model.safetensors"), device=str(next(peft_model.parameters()).device))
     set_peft_model_state_dict(peft_model, state)
@@ -592,11 +604,15 @@ def main() -> None:
     if NAN_POLICY not in ("skip", "stop"):
         raise InputError(f"NAN_POLICY={NAN_POLICY!r}: expected 'skip' or 'stop'")
     tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
+    for messages in conversations[:8]:  # the chat template itself (e.g. prefix stability), before any collective
+        tokenize_conversation(tokenizer, messages, MAX_LEN, ASSISTANT_ONLY_LOSS)
     resume_from = find_resume_checkpoint()
 
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before anything touches CUDA: no stray context on GPU 0
     torch.manual_seed(SEED)
     peft_model = add_lora(load_model(device))
     torch.manual_seed(SEED + rank)
@@ -605,6 +621,8 @@ def main() -> None:
     try:
         train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
               check_same_checkpoint(resume_from), device)
+    except InputError:
+        raise
     except Exception:
         # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
         step, done = _step["current"], _step["completed"]
@@ -630,8 +648,10 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         say(f"resumed from {resume_from} at step {progress['step']}")
     _step.update(current=progress["step"], completed=progress["step"])
 
+    # broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are constants, identical
+    # on every rank; re-broadcasting them every step would be a collective for nothing.
     model = DDP(CausalLMLoss(peft_model), device_ids=[device.index] if device.type == "cuda" else None,
-                gradient_as_bucket_view=True)
+                gradient_as_bucket_view=True, broadcast_buffers=False)
     collate = PadCollate(tokenizer.pad_token_id, PAD_TO_MULTIPLE)
     dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
     eval_set = ChatDataset(eval_conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS) if eval_conversations else None
@@ -652,6 +672,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             step = progress["step"] + 1
             _step["current"] = step
             torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
+            t_data = time.perf_counter()
             micro_batches = [next(batches) for _ in range(ACCUM_STEPS)]
             longest = max(longest, *(b["input_ids"].shape[1] for b in micro_batches))
             if device.type == "cuda":
@@ -661,7 +682,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             with profiled(step == PROFILE_STEP, device):
                 loss_sum, n_targets, n_tokens, n_padded = forward_backward(model, micro_batches, device)
             # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP if GRAD_CLIP > 0 else math.inf))
             if fault("drift"):
                 with torch.no_grad():
                     trainable[0].add_(1e-3)
@@ -671,6 +692,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             elif NAN_POLICY == "stop":
                 raise RuntimeError(f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, "
                                    f"grad norm {grad_norm}); NAN_POLICY=stop")
+            lr = scheduler.get_last_lr()[0]  # the rate this update used
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":
@@ -686,12 +708,12 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             _step["completed"] = step
             bar.update(1)
 
-            if step % LOG_EVERY == 0 or step == total_steps:
+            if (LOG_EVERY and step % LOG_EVERY == 0) or step == total_steps:
                 record = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_targets, 1.0),
-                          "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0], "skipped": not finite,
+                          "grad_norm": grad_norm, "lr": lr, "skipped": not finite,
                           "tokens_per_s": n_tokens / step_time, "target_tokens_per_s": n_targets / step_time,
                           "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens),
-                          "padding": 1 - n_tokens / n_padded}
+                          "padding": 1 - n_tokens / n_padded, "data_wait_s": t0 - t_data}
                 if device.type == "cuda":
                     record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
                     record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30

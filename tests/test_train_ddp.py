@@ -120,6 +120,19 @@ def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_
     torch.testing.assert_close(full / n_full, reference, rtol=1e-5, atol=0)
 
 
+def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, tokenizer, tiny_lora_model):
+    """An assistant turn cut off by MAX_LEN leaves a micro-batch with no target: backward must still run
+    (zero gradients on every adapter), or that rank would crash while the others wait in the all-reduce."""
+    monkeypatch.setattr(T, "CE_CHUNK_TOKENS", 64)
+    ids = torch.tensor([T.tokenize_conversation(tokenizer, T.load_conversations(str(SAMPLE_DATA))[0], 32, True)["input_ids"]])
+    tiny_lora_model.zero_grad(set_to_none=True)
+    loss, n = T.CausalLMLoss(tiny_lora_model)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
+    loss.backward()
+    assert n == 0 and loss.item() == 0.0
+    grads = [p.grad for p in tiny_lora_model.parameters() if p.requires_grad]
+    assert all(g is not None and not g.any() for g in grads)
+
+
 # ---------------------------------------------------------------- real 2-rank jobs
 def test_end_to_end_two_ranks(tmp_path):
     data = write_rows(tmp_path / "train.jsonl", sample_rows(37))  # 37: not divisible by 2*2*2
@@ -160,6 +173,8 @@ BAD_INPUTS = {
     "no-messages": (lambda d: write_rows(d / "x.jsonl", [{"text": "hi"}]), {}, r"x\.jsonl:1: expected .*'messages'"),
     "unknown-role": (lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}]), {},
                      r"x\.jsonl:1: message 0: unknown role 'bot'"),
+    "assistant-first": (lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "assistant", "content": "Hi"}]}]),
+                        {}, r"x\.jsonl:1: message 0 is from the assistant"),
     "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
     "too-few-samples": (lambda d: write_rows(d / "x.jsonl", sample_rows(3)), {"ACCUM_STEPS": "2"},
                         r"3 samples, but one optimizer step needs .* = 2\*1\*2 = 4"),
