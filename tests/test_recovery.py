@@ -351,4 +351,5 @@ def test_resume_under_another_run_shape_is_refused(tmp_path):
     assert torchrun(ROOT / "train_ddp.py", env=env).returncode == 0
     run = torchrun(ROOT / "train_ddp.py", env={**env, "ACCUM_STEPS": "1", "EPOCHS": "2"})
     assert run.returncode != 0
-    assert "resume with the same world size and MICRO_BATCH*ACCUM_STEPS" in run.output, run.output[-3000:]
+    assert re.search(r"\[rank [01]\] error: .* was written by a run of shape", run.output), run.output[-3000:]
+    assert "resume with the same world size, MICRO_BATCH*ACCUM_STEPS, model, data" in run.output

@@ -67,9 +67,11 @@ def test_bug_fails_fast_and_explains(script, args, patterns):
     for pattern in patterns:
         assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
     for tag in ("SYMPTOM:", "CAUSE:", "FIX:"):  # three lines, printed once (by rank 0)
-        assert len(re.findall(rf"^{tag}", out, re.M)) == 1, f"{tag} not printed exactly once:\n{out[-4000:]}"
-    assert re.search(r"^SYMPTOM:.*rank", out, re.M), "the summary must name the ranks involved"
-    assert "--fix" in re.search(r"^FIX:.*$", out, re.M).group(0)
+        # not anchored at line starts: unbuffered ranks write a line and its newline separately, so
+        # another rank's line can land in between
+        assert len(re.findall(tag, out)) == 1, f"{tag} not printed exactly once:\n{out[-4000:]}"
+    assert re.search(r"SYMPTOM:.*rank", out), "the summary must name the ranks involved"
+    assert "--fix" in re.search(r"FIX:.*$", out, re.M).group(0)
 
 
 @pytest.mark.parametrize("script,args,patterns", FIXES, ids=[_id(c) for c in FIXES])
@@ -77,6 +79,6 @@ def test_fix_exits_zero(script, args, patterns):
     launch, seconds = _run(script, args)
     out = launch.output
     assert launch.returncode == 0, out[-4000:]
-    assert "SYMPTOM:" not in out and re.search(r"^OK ", out, re.M), out[-4000:]
+    assert "SYMPTOM:" not in out and "OK (" in out, out[-4000:]
     for pattern in patterns:
         assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
