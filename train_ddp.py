@@ -469,7 +469,9 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str)
         os.close(dir_fd)
         shutil.rmtree(old, ignore_errors=True)
         if name != "adapter":
-            for stale in sorted(final.parent.glob("step-*"))[:-max(KEEP_CHECKPOINTS, 1)]:
+            # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
+            older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
+            for stale in older[:max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
                 shutil.rmtree(stale)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
     return final
@@ -736,7 +738,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
     bar.close()
 
-    if eval_set is not None:
+    if eval_set is not None and not (EVAL_EVERY and progress["step"] % EVAL_EVERY == 0):  # else just done
         result = {"step": progress["step"], **evaluate(model, eval_set, collate, device)}
         if rank == 0:
             log_metrics(result)

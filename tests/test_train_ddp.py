@@ -1,13 +1,16 @@
 """train_ddp.py: in-process checks of its pieces, and real 2-rank gloo jobs (each bounded in time)."""
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
-from conftest import ROOT, SAMPLE_DATA, torchrun
+from conftest import ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -186,15 +189,25 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
+    """Each rank of a 2-rank job is started ALONE (as torchrun would start it, but without its peer):
+    had it reached init_process_group or any collective, it would wait for the missing rank until the
+    timeout. Both exit at once with the same clear error: it is raised before the first collective."""
     make_data, env, message = BAD_INPUTS[case]
-    run = torchrun(ROOT / "train_ddp.py", timeout=90,
-                   env={"DATA_PATH": str(make_data(tmp_path)), "OUTPUT_DIR": str(tmp_path / "out"),
-                        "DIST_TIMEOUT_S": "30", **env})
-    assert run.returncode != 0
-    for rank in (0, 1):  # torchrun may stop the second rank once the first exits; if it printed, it agrees
-        lines = [l for l in run.output.splitlines() if l.startswith(f"[rank {rank}] error:")]
-        assert rank == 1 or lines, run.output[-3000:]
-        assert all(re.search(message, l) for l in lines), lines
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, str(ROOT / "train_ddp.py")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                        "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "DATA_PATH": str(make_data(tmp_path)), "OUTPUT_DIR": str(tmp_path / "out"),
+                        "DIST_TIMEOUT_S": "120", **env}) for rank in (0, 1)]
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            pytest.fail(f"rank {rank} alone did not exit within 60 s: it waits for its peer (a collective)")
+        assert proc.returncode == 2, out[-3000:]
+        assert re.search(rf"^\[rank {rank}\] error: .*{message}", out, re.M), out[-3000:]
 
 
 # ---------------------------------------------------------------- optimisations compute the same thing
