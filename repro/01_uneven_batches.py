@@ -82,7 +82,8 @@ if error is None:
     dist.destroy_process_group()
     if rank == 0:
         print(f"OK (--fix={args.fix}): every rank reached the barrier; no collective was left waiting")
-    sys.exit(0)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
 time.sleep(0.5)  # let every rank report first
 if rank == 0:
     long = [r for r, c in enumerate(counts) if c == max(counts)]

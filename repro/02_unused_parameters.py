@@ -92,7 +92,8 @@ if error is None:
                "DDP walked the autograd graph for unused parameters after every forward "
                "(costly; the dead adapters are still all-reduced)")
         print(f"OK (--fix={args.fix}): 3 steps on {world} ranks; {why}")
-    sys.exit(0)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
 
 m = re.search(r"did not receive grad for rank (\d+): ([\d ]+)", error)
 idx = [int(i) for i in m.group(2).split()] if m else []

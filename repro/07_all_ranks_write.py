@@ -121,3 +121,5 @@ if not all(results):
         time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
     os._exit(1)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
