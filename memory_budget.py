@@ -66,8 +66,10 @@ def load_config(path_or_id) -> dict:
 
 
 def param_shapes_from_model(model) -> dict:
-    """{name: (shape, dtype)} of an in-memory nn.Module (before PEFT); meta tensors work too."""
-    return {name: (tuple(p.shape), TORCH_DTYPES[str(p.dtype)]) for name, p in model.named_parameters()}
+    """{name: (shape, dtype)} of an in-memory nn.Module's base weights; meta tensors work too. A model
+    with LoRA layers injected (PEFT's base model) reads as the model before PEFT."""
+    return {name.replace(".base_layer", ""): (tuple(p.shape), TORCH_DTYPES[str(p.dtype)])
+            for name, p in model.named_parameters() if "lora_" not in name}
 
 
 def param_shapes_from_path(path_or_id) -> dict:

@@ -368,6 +368,11 @@ def check_replicas_identical(model, step: int) -> str:
     return mine
 
 
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (adapters stay FP32, no GradScaler needed); plain FP32 on CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
 # ----------------------------------------------------------------------------------------------
 # One optimizer step: no_sync accumulation with a token-weighted global loss
 def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float, float]:
@@ -383,7 +388,6 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
     local_padded = sum(b["attention_mask"].numel() for b in micro_batches)
     n_targets, n_tokens, n_padded = all_reduce_sum([local_targets, local_tokens, local_padded], device)
     scale = dist.get_world_size() / max(n_targets, 1.0)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     local_loss = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(micro_batches):
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -391,7 +395,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
         # runs outside, so DDP does one bucketed all-reduce, overlapped with its backward.
         sync_context = nullcontext() if i == len(micro_batches) - 1 else model.no_sync()
         with sync_context:
-            with autocast:
+            with autocast(device):
                 loss_sum, _ = model(**batch)
             (loss_sum * scale).backward()
         local_loss += loss_sum.detach().double()
@@ -428,12 +432,11 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world)),
                         batch_size=MICRO_BATCH, collate_fn=collate)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     was_training = model.training
     model.eval()
     loss, targets = 0.0, 0
     for batch in loader:
-        with autocast:
+        with autocast(device):
             s, n = model.module(**{k: v.to(device) for k, v in batch.items()})
         loss, targets = loss + float(s), targets + int(n)
     model.train(was_training)
@@ -444,36 +447,52 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: rank 0 writes into a temporary folder, then renames it into place (atomic)
-def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, name: str) -> Path:
-    root = Path(OUTPUT_DIR)
-    final = root / "checkpoints" / name if name != "adapter" else root / "adapter"
+def publish_atomically(final: Path, write) -> None:
+    """Rank 0 only: write(folder) fills a temporary folder, which is fsynced and renamed into place, so
+    `final` is the previous complete version or the new complete one, never a half-written one."""
+    tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
+    os.fsync(dir_fd)  # make the rename itself durable
+    os.close(dir_fd)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict) -> Path:
+    """Adapter + optimizer, scheduler and progress, as OUTPUT_DIR/checkpoints/step-N; the oldest pruned."""
+    final = Path(OUTPUT_DIR) / "checkpoints" / f"step-{progress['step']:08d}"
     if dist.get_rank() == 0:
-        tmp = final.with_name(f".tmp-{final.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.module.lm.save_pretrained(tmp)  # model.module unwraps DDP
-        if fault("save"):
-            os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
-        if name != "adapter":
+        def write(folder: Path) -> None:
+            model.module.lm.save_pretrained(folder)  # model.module unwraps DDP
+            if fault("save"):
+                os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "progress": progress, "run_shape": run_shape()}, tmp / "trainer_state.pt")
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        old = final.with_name(f".old-{final.name}")
-        shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)  # a complete checkpoint appears in one step, or not at all
-        dir_fd = os.open(final.parent, os.O_RDONLY)
-        os.fsync(dir_fd)  # make the rename itself durable
-        os.close(dir_fd)
-        shutil.rmtree(old, ignore_errors=True)
-        if name != "adapter":
-            # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
-            older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
-            for stale in older[:max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
-                shutil.rmtree(stale)
+                        "progress": progress, "run_shape": run_shape()}, folder / "trainer_state.pt")
+
+        final.parent.mkdir(parents=True, exist_ok=True)
+        publish_atomically(final, write)
+        # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
+        older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
+        for stale in older[:max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
+            shutil.rmtree(stale)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
+    return final
+
+
+def save_adapter(model: DDP) -> Path:
+    """The final adapter as OUTPUT_DIR/adapter, loadable with PeftModel.from_pretrained."""
+    final = Path(OUTPUT_DIR) / "adapter"
+    if dist.get_rank() == 0:
+        publish_atomically(final, model.module.lm.save_pretrained)
+    dist.barrier()
     return final
 
 
@@ -530,10 +549,8 @@ def predicted_peak_gib(peft_model, seq_len: int) -> float:
     import memory_budget
 
     base = peft_model.get_base_model()
-    shapes = {n.replace(".base_layer", ""): (tuple(p.shape), memory_budget.TORCH_DTYPES[str(p.dtype)])
-              for n, p in base.named_parameters() if "lora_" not in n}
     result = memory_budget.estimate(
-        shapes, base.config.to_dict(), seq_len=seq_len, micro_batch=MICRO_BATCH, world_size=dist.get_world_size(),
+        memory_budget.param_shapes_from_model(base), base.config.to_dict(), seq_len=seq_len, micro_batch=MICRO_BATCH, world_size=dist.get_world_size(),
         lora_r=LORA_R, targets=LORA_TARGETS, grad_ckpt=GRADIENT_CHECKPOINTING, accum=ACCUM_STEPS,
         lora_dropout=LORA_DROPOUT, ce_chunk_tokens=CE_CHUNK_TOKENS, offload=CHECKPOINT_OFFLOAD)
     return result["peak_bytes"] / 2**30
@@ -734,7 +751,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
             if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
                 t_save = time.perf_counter()
-                save_checkpoint(model, optimizer, scheduler, dict(progress), f"step-{step:08d}")
+                save_checkpoint(model, optimizer, scheduler, dict(progress))
                 say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
     bar.close()
 
@@ -744,7 +761,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             log_metrics(result)
         say(f"eval | final | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
     checksum = check_replicas_identical(model.module, progress["step"])
-    path = save_checkpoint(model, optimizer, scheduler, dict(progress), "adapter")
+    path = save_adapter(model)
     say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
 
 

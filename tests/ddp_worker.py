@@ -100,13 +100,12 @@ def save_and_reload(out: Path):
     original_save = peft_model.save_pretrained
     peft_model.save_pretrained = lambda *a, **k: (writers.append(rank), original_save(*a, **k))[1]
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     mine, _ = micro_batches_for(tokenizer, T.load_conversations(T.DATA_PATH)[:8], rank, dist.get_world_size())
     for _ in range(2):
         T.forward_backward(model, mine, torch.device("cpu"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    path = T.save_checkpoint(model, optimizer, scheduler, {"epoch": 0, "step": 2, "step_in_epoch": 2}, "adapter")
+    path = T.save_adapter(model)
     all_writers = [None] * dist.get_world_size()
     dist.all_gather_object(all_writers, writers)
     if rank == 0:

@@ -305,3 +305,13 @@ def test_cli_table(capsys):
     assert mb.main([str(CONFIG_12B), "--seq-len", "2048", "--micro-batch", "1", "--gpu-mem-gb", "48"]) == 0
     out = capsys.readouterr().out
     assert "65,634,304" in out and "fits" in out and "Strategy: DDP" in out
+
+
+def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    before = mb.param_shapes_from_model(AutoModelForCausalLM.from_pretrained(tiny_model_path))
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                                LoraConfig(r=4, target_modules=mb.DEFAULT_TARGETS))
+    assert mb.param_shapes_from_model(peft_model.get_base_model()) == before
