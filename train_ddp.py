@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import sys
+import threading
 import time
 import traceback
 from contextlib import contextmanager, nullcontext
@@ -88,7 +89,8 @@ KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kep
 RESUME = env("RESUME", "auto")  # "auto": newest complete checkpoint in OUTPUT_DIR; "": never; or a path
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
-DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # a collective stuck this long becomes an error, not a silent hang
+DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # after step 1: a collective stuck this long ends the job with a report
+DIST_INIT_TIMEOUT_S = env("DIST_INIT_TIMEOUT_S", 1800)  # until step 1 is done (ranks load and compile at their own pace)
 FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: KIND@STEP[@RANK], KIND in nan, drift, die, hang, save
 
 
@@ -107,20 +109,115 @@ def rank_info() -> tuple[int, int, int]:
 
 
 def init_distributed(local_rank: int) -> torch.device:
-    """NCCL bound to LOCAL_RANK's GPU when CUDA exists, gloo on CPU; a short timeout turns hangs into errors."""
-    timeout = timedelta(seconds=DIST_TIMEOUT_S)
+    """NCCL bound to LOCAL_RANK's GPU when CUDA exists, gloo on CPU. The flight recorder keeps each rank's
+    last collectives (read by HangWatchdog, dumped to OUTPUT_DIR when a collective times out)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(OUTPUT_DIR).resolve() / "flight_recorder_rank_"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        # NCCL flight recorder: on a timeout every rank dumps its last collectives to OUTPUT_DIR.
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(OUTPUT_DIR).resolve() / "nccl_trace_rank_"))
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        dist.init_process_group("nccl", timeout=backend_timeout(DIST_INIT_TIMEOUT_S), device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group("gloo", timeout=backend_timeout(DIST_INIT_TIMEOUT_S))
     return device
+
+
+def backend_timeout(seconds: float) -> timedelta:
+    """gloo raises in Python at its timeout. NCCL's timeout can only abort the process (SIGABRT, C++ frames),
+    so HangWatchdog reports first and NCCL's own timeout stays a backstop, NCCL_BACKSTOP_S later."""
+    return timedelta(seconds=seconds + (NCCL_BACKSTOP_S if torch.cuda.is_available() else 0))
+
+
+NCCL_BACKSTOP_S = 60
+
+
+def set_collective_timeout(seconds: float, watchdog: "HangWatchdog") -> None:
+    dist.distributed_c10d._set_pg_timeout(backend_timeout(seconds))  # what torchtitan does after its first step
+    watchdog.timeout_s = seconds
+
+
+def flight_recorder(json_format: bool = True, **kwargs):
+    """This rank's flight recorder dump: NCCL's recorder on GPUs, the generic one (gloo) on CPU."""
+    c10d = torch._C._distributed_c10d
+    names = ["_dump_nccl_trace", "_dump_fr_trace"] if torch.cuda.is_available() else ["_dump_fr_trace"]
+    names = [n + ("_json" if json_format else "") for n in names]
+    return getattr(c10d, next(n for n in names if hasattr(c10d, n)))(**kwargs)
+
+
+class HangWatchdog(threading.Thread):
+    """Ends this rank with a short report when a collective has waited longer than the timeout.
+
+    gloo raises inside a stuck collective, on the main thread, which reports it. NCCL does not: the
+    wait happens on the GPU, and NCCL's own watchdog thread ends the process with a SIGABRT and pages
+    of C++ frames, a minute or more after the timeout. This thread reads the flight recorder every
+    2 s: a collective pending longer than the timeout (on gloo 5 s more: its own error comes first)
+    ends the rank with the report. It also posts how many collectives this rank has entered to the
+    rendezvous store (plain TCP), so a report can name the ranks that never joined.
+    """
+
+    def __init__(self, rank: int, world: int):
+        super().__init__(daemon=True, name="hang-watchdog")
+        self.rank, self.world, self.timeout_s = rank, world, DIST_INIT_TIMEOUT_S
+        self.grace_s = 0 if torch.cuda.is_available() else 5
+        attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                               timeout=timedelta(seconds=10))
+        self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
+        self.stopped = threading.Event()
+        self.posted = None
+
+    def state(self, only_pending: bool = True) -> tuple[list[dict], int]:
+        """(collectives in the flight recorder, oldest first; number of the last one this rank entered)."""
+        trace = json.loads(flight_recorder(includeCollectives=True, onlyActive=only_pending))
+        entries = sorted((e for e in trace.get("entries", []) if not (only_pending and e.get("retired"))),
+                         key=lambda e: e["collective_seq_id"])
+        entered = max((int(s["last_enqueued_collective"]) for s in trace.get("pg_status", {}).values()), default=0)
+        return entries, entered
+
+    def run(self) -> None:
+        while not self.stopped.wait(2.0):
+            pending, entered = self.state()
+            if entered != self.posted:
+                self.store.set(f"entered/{self.rank}", str(entered))
+                self.posted = entered
+            if pending and time.time_ns() - pending[0]["time_created_ns"] > (self.timeout_s + self.grace_s) * 1e9:
+                main = sys._current_frames().get(threading.main_thread().ident)
+                calls = [f"{f.name} (line {f.lineno})" for f in traceback.extract_stack(main) if f.filename == __file__]
+                print(f"[rank {self.rank}] collective timeout {step_position()}: {self.describe(pending[0])}\n"
+                      f"[rank {self.rank}] main thread: {' -> '.join(calls)}", file=sys.stderr, flush=True)
+                os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
+
+    def describe_failure(self) -> str:
+        """After an exception: the last collective, if some rank never entered it (else "")."""
+        entries, _ = self.state(only_pending=False)
+        return self.describe(entries[-1]) if entries and self.ranks_behind(entries[-1]["collective_seq_id"]) else ""
+
+    def ranks_behind(self, seq: int) -> list[int] | str:
+        """The ranks whose last posted collective number is below `seq`: they never entered it."""
+        try:
+            posted = {r: int(self.store.get(f"entered/{r}")) for r in range(self.world) if self.store.check([f"entered/{r}"])}
+        except (RuntimeError, OSError) as err:  # the store's host is gone too
+            return f"unknown ({type(err).__name__})"
+        return [r for r in range(self.world) if posted.get(r, 0) < seq]
+
+    def describe(self, e: dict) -> str:
+        """One collective, the ranks that never entered it and where this rank's flight recorder is."""
+        seq, age = e["collective_seq_id"], (time.time_ns() - e["time_created_ns"]) / 1e9
+        dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
+        dump.write_bytes(flight_recorder(json_format=False))  # NCCL's own dump would come only at its backstop
+        missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
+        return (f"{e['profiling_name']} #{seq} (sizes {e['input_sizes']}, issued {age:.0f} s ago); ranks that never "
+                f"entered it: {missing}; flight recorder dump: {dump} (a pickle of this rank's last collectives)")
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def step_position() -> str:
+    step, done = _step["current"], _step["completed"]
+    return f"{f'in optimizer step {step}' if step != done else f'after optimizer step {done}'}; last completed step: {done}"
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
@@ -637,23 +734,29 @@ def main() -> None:
     torch.manual_seed(SEED + rank)
 
     device = init_distributed(local_rank)
+    watchdog = HangWatchdog(rank, world)
+    watchdog.start()
     try:
         train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
-              check_same_checkpoint(resume_from), device)
+              check_same_checkpoint(resume_from), device, watchdog)
     except InputError:
+        dist.destroy_process_group()  # raised identically on every rank: a clean shutdown
         raise
     except Exception:
         # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
-        step, done = _step["current"], _step["completed"]
-        where = f"in optimizer step {step}" if step != done else f"after optimizer step {done}"
-        print(f"[rank {rank}] failed {where}; last completed step: {done}\n{traceback.format_exc()}",
-              file=sys.stderr, flush=True)
-        sys.exit(1)  # the stack is printed above, once
+        watchdog.stop()
+        stuck = watchdog.describe_failure()
+        print(f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" +
+              (f"[rank {rank}] stuck in {stuck}" if stuck else ""), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # not destroy_process_group(): after a failed collective it can block
     finally:
-        dist.destroy_process_group()
+        watchdog.stop()
+    dist.destroy_process_group()
 
 
-def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device):
+def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device,
+          watchdog):
     from tqdm import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
@@ -666,6 +769,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
         say(f"resumed from {resume_from} at step {progress['step']}")
     _step.update(current=progress["step"], completed=progress["step"])
+    progress_at_start = progress["step"]
 
     # broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are constants, identical
     # on every rank; re-broadcasting them every step would be a collective for nothing.
@@ -725,6 +829,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             if progress["step_in_epoch"] == n_steps_epoch:  # epoch end: resume would start the next epoch
                 progress.update(epoch=epoch + 1, step_in_epoch=0)
             _step["completed"] = step
+            if step == progress_at_start + 1:  # the ranks are in lockstep now: hangs get the short timeout
+                set_collective_timeout(DIST_TIMEOUT_S, watchdog)
             bar.update(1)
 
             if (LOG_EVERY and step % LOG_EVERY == 0) or step == total_steps:

@@ -6,28 +6,38 @@ Three classic shapes (--variant):
      buffers from rank 0 (Gemma's rotary inv_freq, BatchNorm stats), a collective
   c  a NaN loss on one rank that makes only that rank `break` out of the loop
 
-SYMPTOM  A hang: one rank waits in all-reduce/broadcast, the others wait in the next barrier (or in
-         a collective of a different shape: then NCCL may even return garbage instead of hanging).
-         After the process-group timeout: "Watchdog caught collective operation timeout" (NCCL) or
-         "Timed out waiting ...ms for recv/send operation" (gloo).
+SYMPTOM  gloo: a hang, one rank in all-reduce/broadcast, the others in the next barrier, until the
+         process-group timeout ("Timed out waiting ...ms for recv/send operation"). NCCL: worse, a
+         barrier is a one-element all-reduce, so the stray collective is usually MATCHED with
+         another rank's barrier or gradient all-reduce of a different size or kind: (a) rank 0
+         even prints the "mean loss over ranks", computed from rank 1's barrier buffer. The
+         mismatch passes silently and a rank hangs later, on the GPU, where no Python timeout
+         reaches it; NCCL's watchdog thread ends the job minutes later with "Watchdog caught
+         collective operation timeout" and a SIGABRT.
 CAUSE    Collectives are matched by their order: every rank must issue the same collectives in the
          same sequence. Any `if` on rank, on local data, or on a local NaN breaks that.
 FIX      Make the decision collective and act on every rank: a) every rank all-reduces, rank 0
          prints; b) evaluate through model.module (no DDP hooks, no collectives), or on every rank;
          c) all-reduce a "bad" flag (or decide on rank 0 and broadcast), then every rank skips or
          breaks together; one 4-byte all-reduce per step, or fold it into the logged-loss one. [--fix]
-SPOT IT  TORCH_DISTRIBUTED_DEBUG=DETAIL reports "Detected mismatch between collectives on ranks"
-         with both op types at once. Flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000,
-         TORCH_NCCL_DUMP_ON_TIMEOUT=1): the ranks' last entries differ in op type or sequence number.
-         py-spy dump --pid <pid> on each rank shows where each one waits.
+SPOT IT  TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective's kind and shapes against the other
+         ranks' first: "Detected mismatch between collectives on ranks", at once, on gloo and NCCL.
+         Flight recorder (TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
+         TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_; `torchfrtrace /tmp -p fr_`): the ranks' entries with the
+         same sequence number differ in op type or size. py-spy dump --pid <pid> shows where each waits.
+
+This script ends by itself on every backend: each rank reports its outcome over a side gloo group
+(plain TCP, which a stuck NCCL kernel cannot block); a rank still blocked at 2x --timeout is
+reported by a watchdog thread, and rank 0 prints every rank's outcome.
 
     torchrun --standalone --nproc_per_node=2 repro/03_rank_divergent.py --variant a|b|c [--fix] [--timeout 10]
 """
 import argparse
 import datetime
+import faulthandler
 import os
 import sys
-import time
+import threading
 
 import torch
 import torch.distributed as dist
@@ -39,13 +49,56 @@ ap.add_argument("--fix", action="store_true")
 ap.add_argument("--timeout", type=float, default=10, help="process-group timeout, seconds")
 args = ap.parse_args()
 
-os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # NCCL: raise here on timeout instead of aborting
+os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # NCCL: wait() raises on timeout (where a wait() is reached)
 cuda = torch.cuda.is_available()
 dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(dev)  # one GPU per process, by LOCAL_RANK
 dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
 rank, world = dist.get_rank(), dist.get_world_size()
+side = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3 * args.timeout))  # for the outcome report
+faulthandler.dump_traceback_later(3 * args.timeout + 10, exit=True)  # last resort: every thread's stack, exit 1
+others = list(range(1, world))
+DIVERGENCE, CAUSE, FIX = {
+    "a": (f"rank 0 issued all_reduce(epoch_loss), rank(s) {others} the barrier after the epoch",
+          "the all-reduce sits under `if rank == 0`, so only rank 0 issues it",
+          "all-reduce on every rank, print on rank 0"),
+    "b": (f"rank 0 issued DDP's buffer broadcast in its eval forward, rank(s) {others} the barrier after the epoch",
+          "a forward through the DDP wrapper is a collective (buffer broadcast) and only rank 0 runs eval",
+          "evaluate through model.module on rank 0 (or evaluate on every rank)"),
+    "c": (f"rank {world - 1} (NaN loss at step 2) left the loop and issued the barrier, rank(s) {list(range(world - 1))} "
+          f"the gradient all-reduce of step 2",
+          f"`if not isfinite(loss): break` was decided locally, on rank {world - 1} only",
+          "all_reduce(bad_flag, MAX) (or decide on rank 0 and broadcast); every rank breaks/skips together"),
+}[args.variant]
+reported = threading.Lock()
+
+
+def report(kind: str, outcome: str) -> None:
+    """Once per rank (main thread or watchdog): gather every rank's outcome, rank 0 explains, all exit."""
+    reported.acquire()  # the other thread, if it comes too, waits here until the process exits
+    print(f"[rank {rank}] {outcome}", flush=True)
+    kinds = [None] * world
+    dist.all_gather_object(kinds, kind, group=side)
+    if rank == 0 and kinds == ["ok"] * world:
+        print(f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order")
+    elif rank == 0:
+        seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("error", "blocked", "ok")}
+        print(f"SYMPTOM: {DIVERGENCE}. Then: " + "; ".join(filter(None, [
+            seen["error"] and f"rank(s) {seen['error']} raised at the {args.timeout:g} s timeout",
+            seen["blocked"] and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
+                                f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
+            seen["ok"] and f"rank(s) {seen['ok']} finished: their collective was matched with one of another kind or "
+                           f"size (NCCL pairs collectives by order only), so the mismatch passed silently"])) + ".")
+        print(f"CAUSE:   {CAUSE}.")
+        print(f"FIX:     {FIX} (--fix).")
+        print("SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
+              "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows the ranks' differing entries.")
+    sys.stdout.flush()
+    dist.barrier(group=side)  # rank 0 has printed: now every rank may leave
+    if kinds == ["ok"] * world:
+        dist.destroy_process_group()
+    os._exit(0 if kinds == ["ok"] * world else 1)  # no interpreter teardown: it can block on a broken group
 
 
 class Net(torch.nn.Module):  # one buffer, like Gemma's rotary inv_freq: DDP broadcasts it every forward
@@ -66,7 +119,11 @@ batches = [(torch.randn(4, 8, device=dev), torch.randn(4, 1, device=dev)) for _ 
 if args.variant == "c" and rank == world - 1:
     batches[1][0][0, 0] = float("nan")  # one bad sample in step 2, on the last rank only
 
-where, error, stopped_at = "", None, None
+where, stopped_at = "", None
+watchdog = threading.Timer(2 * args.timeout, lambda: report(
+    "blocked", f"stuck in {where}: no error after {2 * args.timeout:g} s (the main thread waits in C++ or on the GPU)"))
+watchdog.daemon = True
+watchdog.start()
 try:
     epoch_loss = torch.zeros(1, device=dev)
     for step, (x, y) in enumerate(batches, 1):
@@ -98,37 +155,7 @@ try:
         print(f"eval on rank 0: {out.flatten().tolist()}", flush=True)
     where = "the barrier after the epoch" + (f" (it left the loop at the NaN of step {stopped_at})" if stopped_at else "")
     dist.barrier()
+    torch.zeros(1, device=dev).item()  # on GPU: wait for every queued kernel before calling this rank done
 except RuntimeError as e:
-    error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    print(f"[rank {rank}] stuck in {where}, then: {error}", flush=True)
-
-if error is None:
-    stop = f" (all ranks stopped at step {stopped_at})" if stopped_at else ""
-    print(f"[rank {rank}] reached the end of the epoch{stop}", flush=True)
-    dist.destroy_process_group()
-    if rank == 0:
-        print(f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order")
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
-others = f"rank(s) {list(range(1, world))}"
-summary = {
-    "a": (f"rank 0 waits in all_reduce(epoch_loss), {others} in the barrier after the epoch",
-          "the all-reduce sits under `if rank == 0`, so only rank 0 issues it",
-          "all-reduce on every rank, print on rank 0"),
-    "b": (f"rank 0 waits in DDP's buffer broadcast during eval, {others} in the barrier after the epoch",
-          "a forward through the DDP wrapper is a collective (buffer broadcast) and only rank 0 runs eval",
-          "evaluate through model.module on rank 0 (or evaluate on every rank)"),
-    "c": (f"rank {world - 1} (NaN loss at step 2) left the loop and waits in the barrier; "
-          f"rank(s) {list(range(world - 1))} wait in the gradient all-reduce of step 2",
-          f"`if not isfinite(loss): break` was decided locally, on rank {world - 1} only",
-          "all_reduce(bad_flag, MAX) (or decide on rank 0 and broadcast); every rank breaks/skips together"),
-}[args.variant]
-time.sleep(0.5)
-if rank == 0:
-    print(f"SYMPTOM: {summary[0]}; all failed at the {args.timeout:g} s timeout.")
-    print(f"CAUSE:   {summary[1]}.")
-    print(f"FIX:     {summary[2]} (--fix).")
-sys.stdout.flush()
-if rank != 0:
-    time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
-os._exit(1)  # destroy_process_group() can block after a timeout
+    report("error", f"stuck in {where}, then: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+report("ok", "reached the end of the epoch" + (f" (all ranks stopped at step {stopped_at})" if stopped_at else ""))

@@ -1,4 +1,7 @@
-"""Shared fixtures: paths to the embedded default and a bounded multi-process launcher."""
+"""Shared fixtures: paths to the embedded default, a bounded multi-process launcher and the backends.
+
+Multi-rank tests run on gloo (CPU, what CI runs) and, where a case is parametrized with BACKENDS, on
+NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped without 2 CUDA devices."""
 import contextlib
 import os
 import signal
@@ -9,10 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
 SAMPLE_DATA = ROOT / "assets" / "sample_chat.jsonl"
+TWO_GPUS = torch.cuda.device_count() >= 2
+BACKENDS = ["gloo", pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")])]
+
+
+def launch_env(backend: str = "gloo") -> dict:
+    """gloo runs hide the GPUs (the job then picks gloo on CPU); NCCL runs keep them, one per rank."""
+    hide = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
+    return {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **hide}
 
 
 @dataclass
@@ -58,8 +70,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: float = 180,
-             extra_torchrun_args: tuple = ()) -> Launch:
-    """Run `torchrun --nproc_per_node=nproc script args` on CPU (gloo) with a hard time bound.
+             extra_torchrun_args: tuple = (), backend: str = "gloo") -> Launch:
+    """Run `torchrun --nproc_per_node=nproc script args` on `backend` with a hard time bound.
 
     A job that outlives `timeout` is killed with its whole process group and the test fails with
     the output so far: a hang becomes an error, never a stalled CI.
@@ -67,8 +79,7 @@ def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: fl
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d", *extra_torchrun_args,
            str(script), *map(str, args)]
-    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    full_env = {**os.environ, **launch_env(backend), **(env or {})}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

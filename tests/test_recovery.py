@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import train_ddp as T
 from collate import PadCollate
-from conftest import ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
+from conftest import BACKENDS, ROOT, TWO_GPUS, SAMPLE_DATA, free_port, kill_tree, launch_env, torchrun
 
 # 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
 # Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
@@ -28,8 +28,6 @@ RUN = {"MAX_LEN": "128", "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "2", 
        "LORA_DROPOUT": "0.1", "SAVE_EVERY": "2", "KEEP_CHECKPOINTS": "2", "EVAL_EVERY": "3",
        "DRIFT_CHECK_EVERY": "2", "DIST_TIMEOUT_S": "20"}
 TOTAL_STEPS = 6
-LAUNCH_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-              "TOKENIZERS_PARALLELISM": "false"}  # as conftest.torchrun
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +44,24 @@ def job_env(data, out, **overrides) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, data):
-    """The uninterrupted run every recovery is compared against."""
-    out = tmp_path_factory.mktemp("reference")
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
-    assert run.returncode == 0, run.output[-4000:]
-    assert "identical on all 2 ranks" in run.output
-    return out
+def references(tmp_path_factory, data):
+    """The uninterrupted run every recovery is compared against, one per backend (made when first asked)."""
+    made = {}
+
+    def reference_for(backend: str):
+        if backend not in made:
+            out = tmp_path_factory.mktemp(f"reference-{backend}")
+            run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
+            assert run.returncode == 0, run.output[-4000:]
+            assert "identical on all 2 ranks" in run.output
+            made[backend] = out
+        return made[backend]
+    return reference_for
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return references("gloo")
 
 
 def adapter(out):
@@ -80,9 +89,9 @@ class Job:
 
     started: list = []  # killed after each test, whatever its outcome (see no_orphans)
 
-    def __init__(self, env: dict, *torchrun_args: str):
+    def __init__(self, env: dict, *torchrun_args: str, backend: str = "gloo"):
         cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(ROOT / "train_ddp.py")]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LAUNCH_ENV, **env}, text=True,
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **launch_env(backend), **env}, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[tuple[float, str]] = []  # (monotonic time, line)
         self.ended = None  # when the output closed: the job is gone
@@ -96,8 +105,9 @@ class Job:
         self.ended = time.monotonic()
 
     @classmethod
-    def single_node(cls, env: dict, nproc: int = 2):
-        return cls(env, f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}")
+    def single_node(cls, env: dict, nproc: int = 2, backend: str = "gloo"):
+        return cls(env, f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                   backend=backend)
 
     @classmethod
     def two_nodes(cls, env: dict, node1_env: dict | None = None) -> list:
@@ -152,15 +162,17 @@ def test_reference_run_keeps_only_the_last_checkpoints(reference):
     assert [r["step"] for r in metrics(reference) if "loss" in r] == list(range(1, TOTAL_STEPS + 1))
 
 
-def test_sigkill_mid_run_then_resume_is_bitwise_exact(tmp_path, data, reference):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_mid_run_then_resume_is_bitwise_exact(tmp_path, data, references, backend):
+    reference = references(backend)
     out = tmp_path / "out"
-    job = Job.single_node(job_env(data, out))
+    job = Job.single_node(job_env(data, out), backend=backend)
     job.wait_for("checkpoint step 2 saved")
     job.kill()
     assert job.proc.returncode == -signal.SIGKILL and "adapter checksum" not in job.output
     assert not (out / "adapter").exists()
 
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))  # RESUME=auto is the default
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)  # RESUME=auto is the default
     assert run.returncode == 0, run.output[-4000:]
     step = resumed_step(run.output)
     assert 2 <= step < TOTAL_STEPS
@@ -287,10 +299,12 @@ def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
     assert "[rank 1] failed after optimizer step 2; last completed step: 2" in job.output
 
 
-def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data):
-    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data, backend, record_property):
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""), backend=backend)
     t_step1 = job.wait_for("step 1 |")
     assert job.wait(120) != 0
+    record_property("seconds_after_step_1", round(job.ended - t_step1, 1))
     assert job.ended - t_step1 < int(RUN["DIST_TIMEOUT_S"]), f"took {job.ended - t_step1:.1f}s"
     assert "failed (exitcode: 17) local_rank: 1" in job.output, job.output[-4000:]  # torchrun names the dead rank
 
@@ -319,6 +333,26 @@ def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, da
     # rank 0 finished step 2 and waited in its next collective (the drift check) until the timeout
     report = job.output[job.output.index("[rank 0] failed after optimizer step 2; last completed step: 2"):]
     assert "Traceback" in report and "check_replicas_identical" in report and "Timed out" in report, report[:4000]
+    assert re.search(r"\[rank 0\] stuck in gloo:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[-2000:]
+    assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")
+def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record_property):
+    # NCCL never raises in Python: the job's HangWatchdog must end it, before NCCL's SIGABRT
+    timeout_s = 30
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="hang@2@1", EVAL_PATH="",
+                                  DIST_TIMEOUT_S=str(timeout_s)), backend="nccl")
+    t_step2 = job.wait_for("step 2 |")
+    assert job.wait(180) != 0
+    elapsed = job.ended - t_step2
+    record_property("seconds_after_step_2", round(elapsed, 1))
+    assert timeout_s * 0.8 < elapsed < timeout_s + 30, f"took {elapsed:.1f}s"
+    report = job.output[job.output.index("[rank 0] collective timeout after optimizer step 2; last completed step: 2"):]
+    assert re.search(r"nccl:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[:3000]
+    assert "check_replicas_identical" in report and "SIGABRT" not in job.output, report[:3000]
+    assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
 
 
 # ---------------------------------------------------------------- multi-node

@@ -1,10 +1,10 @@
-"""Every repro/ script on CPU (gloo, 2 ranks): each bug variant fails in bounded time with its
-message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
+"""Every repro/ script on 2 ranks, on gloo (CPU) and on NCCL (GPU lane): each bug variant fails in
+bounded time with its message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
 import re
 import time
 
 import pytest
-from conftest import ROOT, torchrun
+from conftest import BACKENDS, ROOT, torchrun
 
 REPRO = ROOT / "repro"
 HANG = ("--timeout", 5)  # process-group timeout for the cases that would hang: the error comes after 5 s
@@ -46,23 +46,34 @@ FIXES = [
     ("07_all_ranks_write.py", ("--fix",), [r"every rank read rank 0's state"]),
 ]
 BOUND = 90  # seconds per launch, imports included; the hang cases error out after 5 s of waiting
+NCCL_BOUND = 3 * 5 + 30  # the hang cases on NCCL: 3x --timeout, plus 30 s for start-up (CUDA, NCCL init)
+# NCCL may match a stray collective silently instead of timing out, so its hang cases promise less than
+# gloo's exact "Timed out" story: every rank reports where it stood, rank 0 explains.
+NCCL_HANG = {"01": [r"batches per rank: \[3, 2\]", r"\[rank 0\] (stuck in|finished)", r"\[rank 1\] (stuck in|finished)"],
+             "03": [r"\[rank 0\] (stuck in|reached)", r"\[rank 1\] (stuck in|reached)"]}
 
 
 def _id(case):
     return f"{case[0][:2]}{''.join(a for a in map(str, case[1]) if a.isalpha() or a.startswith('--fix'))}"
 
 
-def _run(script, args):
+def _run(script, args, backend):
     t0 = time.monotonic()
-    launch = torchrun(REPRO / script, *args, nproc=2, timeout=BOUND)
+    launch = torchrun(REPRO / script, *args, nproc=2, timeout=BOUND, backend=backend)
     return launch, time.monotonic() - t0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("script,args,patterns", BUGS, ids=[_id(c) for c in BUGS])
-def test_bug_fails_fast_and_explains(script, args, patterns):
-    launch, seconds = _run(script, args)
+def test_bug_fails_fast_and_explains(script, args, patterns, backend, record_property):
+    launch, seconds = _run(script, args, backend)
+    record_property("exit_code", launch.returncode)
+    record_property("seconds", round(seconds, 1))
     out = launch.output
     assert launch.returncode != 0, out[-4000:]
+    if backend == "nccl" and script[:2] in NCCL_HANG:
+        patterns = NCCL_HANG[script[:2]]
+        assert seconds < NCCL_BOUND, f"took {seconds:.1f}s"
     assert seconds < BOUND
     for pattern in patterns:
         assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
@@ -74,9 +85,12 @@ def test_bug_fails_fast_and_explains(script, args, patterns):
     assert "--fix" in re.search(r"FIX:.*$", out, re.M).group(0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("script,args,patterns", FIXES, ids=[_id(c) for c in FIXES])
-def test_fix_exits_zero(script, args, patterns):
-    launch, seconds = _run(script, args)
+def test_fix_exits_zero(script, args, patterns, backend, record_property):
+    launch, seconds = _run(script, args, backend)
+    record_property("exit_code", launch.returncode)
+    record_property("seconds", round(seconds, 1))
     out = launch.output
     assert launch.returncode == 0, out[-4000:]
     assert "SYMPTOM:" not in out and "OK (" in out, out[-4000:]

@@ -10,7 +10,7 @@ import torch
 
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
-from conftest import ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
+from conftest import BACKENDS, ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +137,13 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, to
 
 
 # ---------------------------------------------------------------- real 2-rank jobs
-def test_end_to_end_two_ranks(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_end_to_end_two_ranks(tmp_path, backend):
     data = write_rows(tmp_path / "train.jsonl", sample_rows(37))  # 37: not divisible by 2*2*2
     out = tmp_path / "out"
     run = torchrun(ROOT / "train_ddp.py", env={"DATA_PATH": str(data), "OUTPUT_DIR": str(out), "MAX_LEN": "256",
-                                              "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "1"})
+                                              "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "1"},
+                   backend=backend)
     assert run.returncode == 0, run.output[-4000:]
     assert "identical on all 2 ranks" in run.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
