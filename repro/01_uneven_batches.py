@@ -4,10 +4,10 @@ SYMPTOM  The job stops making progress near the end of an epoch. Rank 0 enters D
          all-reduce for its extra batch; rank 1 has left the loop and enters the barrier before the
          checkpoint. gloo: both fail at the process-group timeout ("Timed out waiting ...ms for recv
          operation to complete"). NCCL: a barrier is a one-element all-reduce, so rank 1's barrier
-         can be matched with rank 0's gradient all-reduce and rank 1 walks on as if all were well;
-         rank 0 is left waiting on the GPU for a peer that never comes. No Python timeout reaches
-         it: only NCCL's watchdog thread ends it, with "Watchdog caught collective operation
-         timeout: WorkNCCL(SeqNum=.., OpType=ALLREDUCE, ..)" and a SIGABRT, minutes later.
+         is matched with rank 0's gradient all-reduce (seen on 2 H200s): rank 1 walks on as if all
+         were well, rank 0 then waits in its own barrier, on the GPU, for a peer that never comes.
+         No Python timeout reaches it: only NCCL's watchdog thread ends it, with "Watchdog caught
+         collective operation timeout: WorkNCCL(SeqNum=.., OpType=..)" and a SIGABRT, minutes later.
 CAUSE    Data sharded by hand (rows[rank::world]), filtered per rank, or an IterableDataset gives
          the ranks different numbers of batches (here 3 vs 2). Every DDP backward is a collective
          that every rank must join, so the rank with the extra batch waits forever.
@@ -18,9 +18,10 @@ FIX      DistributedSampler(drop_last=True) + DataLoader(drop_last=True), and ta
          still divided by the full world size) [--fix=join].
 SPOT IT  TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective against the other ranks' before
          running it: "Detected mismatch between collectives on ranks. Rank 0 is running collective:
-         ...OpType=ALLREDUCE... but Rank 1 is running ...BARRIER", at once, on gloo and NCCL. The
+         ...OpType=ALLREDUCE, TensorShape=[9]... but Rank 1 is running ...BARRIER", at once (seen on
+         NCCL; on torch 2.13 CPU/gloo, DDP under DETAIL segfaulted in our runs). The
          flight recorder (TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
-         TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_; read with `torchfrtrace /tmp -p fr_`) shows rank 0 one
+         TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_: one pickle per rank at NCCL's timeout) shows rank 0 one
          collective ahead of rank 1. Print len(loader) on every rank at start-up.
 
 This script ends by itself on every backend: each rank reports its outcome over a side gloo group
@@ -83,10 +84,11 @@ def report(kind: str, outcome: str) -> None:
     elif rank == 0:
         long = [r for r, c in enumerate(counts) if c == max(counts)]
         short = [r for r, c in enumerate(counts) if c < max(counts)]
-        seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("error", "blocked", "ok")}
+        seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("timeout", "error", "blocked", "ok")}
         print(f"SYMPTOM: rank(s) {long} entered the all-reduce of batch {max(counts)}, rank(s) {short} the barrier "
               f"after their last batch. Then: " + "; ".join(filter(None, [
-                  seen["error"] and f"rank(s) {seen['error']} raised at the {args.timeout:g} s timeout",
+                  seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
+                  seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
                   seen["blocked"] and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
                                       f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
                   seen["ok"] and f"rank(s) {seen['ok']} finished: a barrier was matched with a gradient all-reduce "
@@ -124,5 +126,6 @@ try:
     dist.barrier()  # e.g. "wait for rank 0 to save the checkpoint"
     checksum = model.module.weight.detach().double().sum().item()  # on GPU: waits for every queued kernel
 except RuntimeError as e:
-    report("error", f"stuck in {where}, then: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    kind = "timeout" if "timed out" in str(e).lower() else "error"  # DETAIL's mismatch check raises at once
+    report(kind, f"stuck in {where}, then: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
 report("ok", f"finished {len(loader)} batches; weight checksum {checksum:.10f}")

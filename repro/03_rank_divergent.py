@@ -9,11 +9,11 @@ Three classic shapes (--variant):
 SYMPTOM  gloo: a hang, one rank in all-reduce/broadcast, the others in the next barrier, until the
          process-group timeout ("Timed out waiting ...ms for recv/send operation"). NCCL: worse, a
          barrier is a one-element all-reduce, so the stray collective is usually MATCHED with
-         another rank's barrier or gradient all-reduce of a different size or kind: (a) rank 0
-         even prints the "mean loss over ranks", computed from rank 1's barrier buffer. The
-         mismatch passes silently and a rank hangs later, on the GPU, where no Python timeout
-         reaches it; NCCL's watchdog thread ends the job minutes later with "Watchdog caught
-         collective operation timeout" and a SIGABRT.
+         another rank's barrier or gradient all-reduce of a different size or kind (all three
+         variants, on 2 H200s): (a) rank 0 even prints the "mean loss over ranks", computed from
+         rank 1's barrier buffer. One rank finishes as if all were well; another hangs later, on the
+         GPU, where no Python timeout reaches it; NCCL's watchdog thread ends the job minutes later
+         with "Watchdog caught collective operation timeout" and a SIGABRT.
 CAUSE    Collectives are matched by their order: every rank must issue the same collectives in the
          same sequence. Any `if` on rank, on local data, or on a local NaN breaks that.
 FIX      Make the decision collective and act on every rank: a) every rank all-reduces, rank 0
@@ -21,9 +21,10 @@ FIX      Make the decision collective and act on every rank: a) every rank all-r
          c) all-reduce a "bad" flag (or decide on rank 0 and broadcast), then every rank skips or
          breaks together; one 4-byte all-reduce per step, or fold it into the logged-loss one. [--fix]
 SPOT IT  TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective's kind and shapes against the other
-         ranks' first: "Detected mismatch between collectives on ranks", at once, on gloo and NCCL.
+         ranks' first: "Detected mismatch between collectives on ranks", at once (seen on NCCL; on
+         torch 2.13 CPU/gloo, DDP under DETAIL segfaulted in our runs).
          Flight recorder (TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
-         TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_; `torchfrtrace /tmp -p fr_`): the ranks' entries with the
+         TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_: one pickle per rank at NCCL's timeout): the entries with the
          same sequence number differ in op type or size. py-spy dump --pid <pid> shows where each waits.
 
 This script ends by itself on every backend: each rank reports its outcome over a side gloo group
@@ -83,9 +84,10 @@ def report(kind: str, outcome: str) -> None:
     if rank == 0 and kinds == ["ok"] * world:
         print(f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order")
     elif rank == 0:
-        seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("error", "blocked", "ok")}
+        seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("timeout", "error", "blocked", "ok")}
         print(f"SYMPTOM: {DIVERGENCE}. Then: " + "; ".join(filter(None, [
-            seen["error"] and f"rank(s) {seen['error']} raised at the {args.timeout:g} s timeout",
+            seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
+            seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
             seen["blocked"] and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
                                 f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
             seen["ok"] and f"rank(s) {seen['ok']} finished: their collective was matched with one of another kind or "
@@ -157,5 +159,6 @@ try:
     dist.barrier()
     torch.zeros(1, device=dev).item()  # on GPU: wait for every queued kernel before calling this rank done
 except RuntimeError as e:
-    report("error", f"stuck in {where}, then: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-report("ok", "reached the end of the epoch" + (f" (all ranks stopped at step {stopped_at})" if stopped_at else ""))
+    kind = "timeout" if "timed out" in str(e).lower() else "error"  # DETAIL's mismatch check raises at once
+    report(kind, f"stuck in {where}, then: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+report("ok", "reached the end of the epoch" + (f" (it left the loop at step {stopped_at})" if stopped_at else ""))
