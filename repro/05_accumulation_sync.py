@@ -18,7 +18,7 @@ FIX      `ctx = model.no_sync() if i < A - 1 else nullcontext()`, with forward a
 SPOT IT  Count all-reduces with a DDP comm hook (below) or torch.profiler (allreduce / ncclKernel
          events per step); compare a checksum of the trained parameters across ranks
          (all_gather). NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL logs every collective call (verbose);
-         the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) keeps the last N with sequence numbers.
+         the flight recorder (TORCH_FR_BUFFER_SIZE) keeps the last N with sequence numbers.
 
     torchrun --standalone --nproc_per_node=2 repro/05_accumulation_sync.py --variant a|b [--fix]
 """
