@@ -11,7 +11,9 @@ import json
 import math
 import os
 import re
+import errno
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -28,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+import run_record
 from collate import IGNORE_INDEX, PadCollate
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 def env(name: str, default):
     """The constant `name`: its environment variable if set (parsed as the default's type), else the default."""
     raw = os.environ.get(name)
+    SOURCES[name] = "default" if raw is None else "env"
     if raw is None:
         return default
     if isinstance(default, bool):
@@ -43,6 +47,9 @@ def env(name: str, default):
             raise SystemExit(f"error: {name}={raw!r}: expected 1/0/true/false")
         return raw.lower() in ("1", "true", "yes")
     return type(default)(raw)
+
+
+SOURCES: dict[str, str] = {}  # constant -> where its value came from: default, env or planner
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +93,8 @@ PROFILE_STEP = env("PROFILE_STEP", 0)  # profile this optimizer step: kernel tab
 EVAL_EVERY = env("EVAL_EVERY", 0)  # optimizer steps between evaluations (0: only at the end, if EVAL_PATH)
 SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: only at epoch ends)
 KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kept (at least 1)
-RESUME = env("RESUME", "auto")  # "auto": newest complete checkpoint in OUTPUT_DIR; "": never; or a path
+RESUME = env("RESUME", "auto")  # "auto": newest intact checkpoint of this run in OUTPUT_DIR; "": never; or a path
+RESUME_ALLOW_CHANGES = env("RESUME_ALLOW_CHANGES", False)  # continue a checkpoint of other settings (LR, EPOCHS, data)
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
 DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # after step 1: a collective stuck this long ends the job with a report
@@ -124,13 +132,13 @@ def init_distributed(local_rank: int) -> torch.device:
     return device
 
 
+NCCL_BACKSTOP_S = 60
+
+
 def backend_timeout(seconds: float) -> timedelta:
     """gloo raises in Python at its timeout. NCCL's timeout can only abort the process (SIGABRT, C++ frames),
     so HangWatchdog reports first and NCCL's own timeout stays a backstop, NCCL_BACKSTOP_S later."""
     return timedelta(seconds=seconds + (NCCL_BACKSTOP_S if torch.cuda.is_available() else 0))
-
-
-NCCL_BACKSTOP_S = 60
 
 
 def set_collective_timeout(seconds: float, watchdog: "HangWatchdog") -> None:
@@ -190,9 +198,12 @@ class HangWatchdog(threading.Thread):
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
 
     def describe_failure(self) -> str:
-        """After an exception: the last collective, if some rank never entered it (else "")."""
+        """After an exception: the last collective, if it waited long enough for every rank to post its
+        count (a few seconds) and some rank never entered it; else ""."""
         entries, _ = self.state(only_pending=False)
-        return self.describe(entries[-1]) if entries and self.ranks_behind(entries[-1]["collective_seq_id"]) else ""
+        if not entries or time.time_ns() - entries[-1]["time_created_ns"] < 5e9:
+            return ""
+        return self.describe(entries[-1]) if self.ranks_behind(entries[-1]["collective_seq_id"]) else ""
 
     def ranks_behind(self, seq: int) -> list[int] | str:
         """The ranks whose last posted collective number is below `seq`: they never entered it."""
@@ -205,6 +216,7 @@ class HangWatchdog(threading.Thread):
     def describe(self, e: dict) -> str:
         """One collective, the ranks that never entered it and where this rank's flight recorder is."""
         seq, age = e["collective_seq_id"], (time.time_ns() - e["time_created_ns"]) / 1e9
+        self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
         dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
         dump.write_bytes(flight_recorder(json_format=False))  # NCCL's own dump would come only at its backstop
         missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
@@ -213,6 +225,18 @@ class HangWatchdog(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
+
+
+STOP = {"signal": None}  # set by SIGTERM/SIGINT; every rank learns of it in the step's last all-reduce
+
+
+def request_stop(signum, frame) -> None:
+    """Preemption (SIGTERM, what clusters and torchrun send) or Ctrl-C: finish this step, checkpoint, exit.
+    A second Ctrl-C stops at once; repeated SIGTERMs (a cluster signals every process, torchrun its
+    workers again) change nothing."""
+    if STOP["signal"] is not None and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    STOP["signal"] = STOP["signal"] or signal.Signals(signum).name
 
 
 def step_position() -> str:
@@ -347,8 +371,15 @@ def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, 
     sampler.set_epoch(epoch)
     order = StepOrder(sampler, skip_samples, lengths, window=MICRO_BATCH * ACCUM_STEPS)
     return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=order,
-                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS,
+                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS, worker_init_fn=ignore_stop_signals,
                       persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers: torchrun signals the whole process group on preemption, and a worker killed by it
+    would fail the step the main process is finishing. They exit with their parent anyway."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def steps_per_epoch(n_samples: int, world: int) -> int:
@@ -472,9 +503,9 @@ def autocast(device: torch.device):
 
 # ----------------------------------------------------------------------------------------------
 # One optimizer step: no_sync accumulation with a token-weighted global loss
-def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float, float]:
+def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float, float, bool]:
     """Forward+backward over one accumulation window. Returns (loss sum, targets, non-pad tokens, padded
-    tokens), each summed over all ranks.
+    tokens), each summed over all ranks, and whether any rank was asked to stop (SIGTERM/SIGINT).
 
     N, the number of targets in the whole update over all ranks, is known before any backward via one
     tiny all-reduce. Backpropagating world*S/N per micro-batch (S: local loss sum) gives, after DDP
@@ -498,8 +529,8 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
         local_loss += loss_sum.detach().double()
     if fault("nan"):
         local_loss.fill_(float("nan"))
-    loss_sum_all, = all_reduce_sum([local_loss.item()], device)
-    return loss_sum_all, n_targets, n_tokens, n_padded
+    loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP["signal"] is not None], device)
+    return loss_sum_all, n_targets, n_tokens, n_padded, stops > 0
 
 
 def fault(kind: str) -> bool:
@@ -544,15 +575,26 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: rank 0 writes into a temporary folder, then renames it into place (atomic)
-def publish_atomically(final: Path, write) -> None:
-    """Rank 0 only: write(folder) fills a temporary folder, which is fsynced and renamed into place, so
-    `final` is the previous complete version or the new complete one, never a half-written one."""
+def publish_atomically(final: Path, write, expected_bytes: int) -> None:
+    """Rank 0 only: write(folder) fills a temporary folder, which gets a manifest (size and SHA-256 of
+    every file), is fsynced and renamed into place: `final` is the previous complete version or the new
+    complete one, never a half-written one. A failed write removes the temporary folder and says why."""
     tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        write(tmp)
+        run_record.write_manifest(tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as "basic_ios::clear: iostream error"
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(final.parent).free
+        full = getattr(e, "errno", None) == errno.ENOSPC or free < expected_bytes
+        cause = "no space left on the device" if full else str(e).splitlines()[0]
+        raise RuntimeError(f"saving {final} failed: {cause} ({free / 2**20:,.0f} MiB free in {final.parent}, "
+                           f"this save needs about {expected_bytes / 2**20:,.0f} MiB); the temporary folder is "
+                           f"removed and the previous checkpoint kept") from e
     shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
     if final.exists():
         final.rename(old)
@@ -563,7 +605,11 @@ def publish_atomically(final: Path, write) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict) -> Path:
+def adapter_bytes(model: DDP) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, run_config: dict) -> Path:
     """Adapter + optimizer, scheduler and progress, as OUTPUT_DIR/checkpoints/step-N; the oldest pruned."""
     final = Path(OUTPUT_DIR) / "checkpoints" / f"step-{progress['step']:08d}"
     if dist.get_rank() == 0:
@@ -572,10 +618,11 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict) -> Path:
             if fault("save"):
                 os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "progress": progress, "run_shape": run_shape()}, folder / "trainer_state.pt")
+                        "progress": progress}, folder / "trainer_state.pt")
+            (folder / "run.json").write_text(json.dumps(run_config, indent=1, default=str))
 
         final.parent.mkdir(parents=True, exist_ok=True)
-        publish_atomically(final, write)
+        publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # adapter + AdamW's 2 moments
         # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
         older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
         for stale in older[:max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
@@ -588,21 +635,49 @@ def save_adapter(model: DDP) -> Path:
     """The final adapter as OUTPUT_DIR/adapter, loadable with PeftModel.from_pretrained."""
     final = Path(OUTPUT_DIR) / "adapter"
     if dist.get_rank() == 0:
-        publish_atomically(final, model.module.lm.save_pretrained)
+        publish_atomically(final, model.module.lm.save_pretrained, expected_bytes=adapter_bytes(model))
     dist.barrier()
     return final
 
 
-def find_resume_checkpoint() -> Path | None:
+def find_resume_checkpoint(identity: dict) -> Path | None:
+    """The checkpoint to continue: RESUME's path or, with "auto", the newest intact one in OUTPUT_DIR
+    (damaged newer ones are named and skipped). One written by another run (see run_record.identity)
+    is named and refused, unless RESUME_ALLOW_CHANGES allows the differences."""
     if not RESUME:
         return None
-    if RESUME != "auto":
+    if RESUME == "auto":
+        found = sorted((Path(OUTPUT_DIR) / "checkpoints").glob("step-*"), reverse=True)  # .tmp-* never match
+        damaged = {path: run_record.damage(path) for path in found}
+        for path, problem in damaged.items():
+            if problem is None:
+                break
+            rank0_print(f"warning: skipping damaged checkpoint {path}: {problem}")
+        else:
+            if found:
+                raise InputError(f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
+                                 f"move them away, or start fresh with RESUME=''")
+            return None
+    else:
         path = Path(RESUME)
-        if not (path / "trainer_state.pt").is_file():
-            raise InputError(f"RESUME={RESUME!r} is not a checkpoint folder (no trainer_state.pt)")
-        return path
-    complete = sorted((Path(OUTPUT_DIR) / "checkpoints").glob("step-*"))  # .tmp-* folders never match
-    return complete[-1] if complete else None
+        if (problem := run_record.damage(path)) is not None:
+            raise InputError(f"RESUME={RESUME!r} is not an intact checkpoint folder: {problem}")
+    saved = json.loads((path / "run.json").read_text())["identity"]
+    changes = run_record.differences(saved, identity)
+    fixed = [c for c in changes if c.split(":")[0] in run_record.STRUCTURAL]
+    if fixed or (changes and not RESUME_ALLOW_CHANGES):
+        allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
+        raise InputError(f"{path} was written by another run ({'; '.join(changes)}): {allow}start fresh with "
+                         f"RESUME='', or use another OUTPUT_DIR")
+    if changes:
+        rank0_print(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
+    return path
+
+
+def rank0_print(msg: str) -> None:
+    """Before the process group exists (say() needs it)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(msg, flush=True)
 
 
 def check_same_checkpoint(path: Path | None) -> Path | None:
@@ -617,23 +692,11 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     return path
 
 
-def run_shape() -> dict:
-    """What a checkpoint's position in the data means: resuming under another shape would skip wrongly."""
-    return {"world_size": dist.get_world_size(), "samples_per_rank_step": MICRO_BATCH * ACCUM_STEPS,
-            "model": MODEL_CONFIG or MODEL_ID, "data": f"{DATA_PATH} ({Path(DATA_PATH).stat().st_size} bytes)",
-            "max_len": MAX_LEN, "seed": SEED}
-
-
 def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-    if trainer_state["run_shape"] != run_shape():
-        raise InputError(f"{path} was written by a run of shape {trainer_state['run_shape']}, this one is "
-                         f"{run_shape()}: resume with the same world size, MICRO_BATCH*ACCUM_STEPS, model, data, MAX_LEN and "
-                         f"SEED, or start fresh with RESUME='' (or another OUTPUT_DIR)")
-
     state = load_file(str(path / "adapter_model.safetensors"), device=str(next(peft_model.parameters()).device))
     set_peft_model_state_dict(peft_model, state)
     optimizer.load_state_dict(trainer_state["optimizer"])
@@ -668,10 +731,31 @@ def apply_memory_target() -> None:
         raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
     MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = plan["micro_batch"], plan["accum"], plan["grad_ckpt"]
     CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = plan["offload"], plan["ce_chunk_tokens"]
+    SOURCES.update(dict.fromkeys(["MICRO_BATCH", "ACCUM_STEPS", "GRADIENT_CHECKPOINTING", "CHECKPOINT_OFFLOAD",
+                                  "CE_CHUNK_TOKENS"], "planner"))
     if int(os.environ["RANK"]) == 0:
-        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: MICRO_BATCH={MICRO_BATCH} ACCUM_STEPS={ACCUM_STEPS} "
-              f"GRADIENT_CHECKPOINTING={GRADIENT_CHECKPOINTING} CHECKPOINT_OFFLOAD={CHECKPOINT_OFFLOAD} "
-              f"CE_CHUNK_TOKENS={CE_CHUNK_TOKENS} (predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB)", flush=True)
+        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB", flush=True)
+
+
+def effective_settings() -> dict:
+    """Every constant as this run uses it, with where its value came from."""
+    return {name: {"value": globals()[name], "source": source} for name, source in SOURCES.items()}
+
+
+def print_settings(settings: dict) -> None:
+    """Once, on rank 0: the constants grouped by source, so what the user and the planner chose stands out."""
+    for source in ("env", "planner", "default"):
+        chosen = [f"{name}={s['value']}" for name, s in settings.items() if s["source"] == source]
+        if chosen:
+            print(f"settings ({source}): {' '.join(chosen)}", flush=True)
+
+
+def this_run_identity(world: int) -> dict:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(MODEL_CONFIG or MODEL_ID).to_dict()
+    return run_record.identity({n: globals()[n] for n in run_record.TRAINING}, world, MICRO_BATCH * ACCUM_STEPS,
+                               DATA_PATH, config)
 
 
 @contextmanager
@@ -711,6 +795,12 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     check_writable(OUTPUT_DIR)
+    lock = run_record.OutputLock(OUTPUT_DIR) if rank == 0 else None  # one job per OUTPUT_DIR
+    if lock:
+        try:
+            lock.acquire()
+        except RuntimeError as e:
+            raise InputError(str(e)) from None
     if MEMORY_TARGET_GIB > 0:
         apply_memory_target()
     conversations = load_conversations(DATA_PATH)
@@ -722,7 +812,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
     for messages in conversations[:8]:  # the chat template itself (e.g. prefix stability), before any collective
         tokenize_conversation(tokenizer, messages, MAX_LEN, ASSISTANT_ONLY_LOSS)
-    resume_from = find_resume_checkpoint()
+    identity = this_run_identity(world)
+    resume_from = find_resume_checkpoint(identity)
+    run_config = {"settings": effective_settings(), "identity": identity, "resumed_from": resume_from and str(resume_from)}
+    if rank == 0:  # the run's effective settings, printed once and saved with the run (and in every checkpoint)
+        print_settings(run_config["settings"])
+        (Path(OUTPUT_DIR) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
 
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
@@ -738,7 +833,7 @@ def main() -> None:
     watchdog.start()
     try:
         train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
-              check_same_checkpoint(resume_from), device, watchdog)
+              check_same_checkpoint(resume_from), device, watchdog, run_config)
     except InputError:
         dist.destroy_process_group()  # raised identically on every rank: a clean shutdown
         raise
@@ -749,6 +844,8 @@ def main() -> None:
         print(f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" +
               (f"[rank {rank}] stuck in {stuck}" if stuck else ""), file=sys.stderr, flush=True)
         sys.stdout.flush()
+        if lock:
+            lock.release()
         os._exit(1)  # not destroy_process_group(): after a failed collective it can block
     finally:
         watchdog.stop()
@@ -756,7 +853,7 @@ def main() -> None:
 
 
 def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device,
-          watchdog):
+          watchdog, run_config):
     from tqdm import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
@@ -783,6 +880,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         f"global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}={MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps")
 
     trainable = [p for p in model.parameters() if p.requires_grad]
+    signal.signal(signal.SIGTERM, request_stop)  # from here on a preemption saves first (torchrun waits 30 s)
+    signal.signal(signal.SIGINT, request_stop)
     bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
     model.train()
     longest = 0  # padded length of the longest micro-batch so far (for the memory prediction)
@@ -803,7 +902,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
             t0 = time.perf_counter()
 
             with profiled(step == PROFILE_STEP, device):
-                loss_sum, n_targets, n_tokens, n_padded = forward_backward(model, micro_batches, device)
+                loss_sum, n_targets, n_tokens, n_padded, stop = forward_backward(model, micro_batches, device)
             # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
             grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP if GRAD_CLIP > 0 else math.inf))
             if fault("drift"):
@@ -855,9 +954,14 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                 if rank == 0:
                     log_metrics(result)
                 say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
+            if stop and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
+                save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
+                say(f"stopped by {STOP['signal'] or 'another rank'} after step {step}: checkpoint saved; "
+                    f"the same command resumes from it")
+                return
             if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
                 t_save = time.perf_counter()
-                save_checkpoint(model, optimizer, scheduler, dict(progress))
+                save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
                 say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
     bar.close()
 

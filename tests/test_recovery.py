@@ -3,6 +3,7 @@
 One uninterrupted 2-rank run is the reference (module fixture); every interrupted-then-resumed run
 must end with an adapter bitwise identical to it. Dropout is on, so the RNG handling is tested too.
 """
+import errno
 import json
 import math
 import os
@@ -13,11 +14,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import run_record
 import train_ddp as T
 from collate import PadCollate
 from conftest import BACKENDS, ROOT, TWO_GPUS, SAMPLE_DATA, free_port, kill_tree, launch_env, torchrun
@@ -203,8 +206,7 @@ def test_crash_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path, d
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-00000004", "step-00000002", "step-00000003"]
     assert not (ckpts / ".tmp-step-00000004" / "trainer_state.pt").exists()  # really half-written
-    monkeypatch.setattr(T, "OUTPUT_DIR", str(out))
-    assert T.find_resume_checkpoint() == ckpts / "step-00000003"
+    assert run_record.damage(ckpts / "step-00000003") is None
 
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
     assert run.returncode == 0, run.output[-4000:]
@@ -234,17 +236,43 @@ def test_resume_skips_consumed_samples_without_loading_them(monkeypatch):
     assert sorted(dataset.loaded) == sorted(sum(full[3:], []))  # skipped indices were never loaded
 
 
-def test_resume_picks_the_newest_complete_checkpoint(tmp_path, monkeypatch):
+def intact_checkpoint(folder, identity):
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"identity": identity}))
+    run_record.write_manifest(folder)
+
+
+def test_resume_picks_the_newest_intact_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(T, "OUTPUT_DIR", str(tmp_path))
+    ckpts, identity = tmp_path / "checkpoints", {"LR": 2e-4}
     for name in ("step-00000002", "step-00000004", ".old-step-00000005", ".tmp-step-00000006"):
-        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        intact_checkpoint(ckpts / name, identity)
+    (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
     monkeypatch.setattr(T, "RESUME", "auto")
-    assert T.find_resume_checkpoint() == tmp_path / "checkpoints" / "step-00000004"
+    assert T.find_resume_checkpoint(identity) == ckpts / "step-00000004"
+    assert f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
     monkeypatch.setattr(T, "RESUME", "")
-    assert T.find_resume_checkpoint() is None
-    monkeypatch.setattr(T, "RESUME", str(tmp_path / "checkpoints" / ".tmp-step-00000006"))
-    with pytest.raises(T.InputError, match="not a checkpoint folder"):
-        T.find_resume_checkpoint()
+    assert T.find_resume_checkpoint(identity) is None
+    monkeypatch.setattr(T, "RESUME", str(ckpts / "step-00000007"))
+    with pytest.raises(T.InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
+        T.find_resume_checkpoint(identity)
+
+
+def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previous_one(tmp_path):
+    final = tmp_path / "checkpoints" / "step-00000002"
+    final.parent.mkdir()
+    T.publish_atomically(final, lambda d: d.mkdir() or (d / "a.bin").write_bytes(b"1" * 100), expected_bytes=100)
+
+    def disk_fills(folder):
+        folder.mkdir()
+        (folder / "a.bin").write_bytes(b"2" * 50)
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "a.bin"))
+
+    with pytest.raises(RuntimeError, match=rf"saving {final} failed: no space left on the device \(.* MiB free in "
+                                           rf"{final.parent}, this save needs about .* MiB\)"):
+        T.publish_atomically(final, disk_fills, expected_bytes=100)
+    assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002"]  # no .tmp- left to fill the disk
+    assert run_record.damage(final) is None and (final / "a.bin").read_bytes() == b"1" * 100
 
 
 # ---------------------------------------------------------------- evaluation
@@ -377,13 +405,112 @@ def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tm
     assert not (node0 / "adapter").exists() and not (node1 / "adapter").exists()
 
 
-def test_resume_under_another_run_shape_is_refused(tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(SAMPLE_DATA.read_text().splitlines(keepends=True)[:16]))
-    env = {"DATA_PATH": str(data), "OUTPUT_DIR": str(tmp_path / "out"), "MAX_LEN": "128", "MICRO_BATCH": "2",
-           "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "0"}
-    assert torchrun(ROOT / "train_ddp.py", env=env).returncode == 0
-    run = torchrun(ROOT / "train_ddp.py", env={**env, "ACCUM_STEPS": "1", "EPOCHS": "2"})
+def copy_checkpoints(reference, out):
+    shutil.copytree(reference / "checkpoints", out / "checkpoints")
+
+
+def shuffled_copy(path, out):
+    """The same rows (so the same size) in another order: other data, by content."""
+    rows = path.read_text().splitlines(keepends=True)
+    out.write_text("".join(rows[1:] + rows[:1]))
+    assert out.stat().st_size == path.stat().st_size
+    return out
+
+
+# (what changed, environment, difference listed, can RESUME_ALLOW_CHANGES=1 override it)
+CHANGED = {
+    "lr": ({"LR": "1e-4"}, "LR: checkpoint 0.0002, now 0.0001", True),
+    "lora-alpha": ({"LORA_ALPHA": "64"}, "LORA_ALPHA: checkpoint 32, now 64", True),
+    "data-content": (None, "data_sha256: checkpoint", True),
+    "lora-r": ({"LORA_R": "8", "RESUME_ALLOW_CHANGES": "1"}, "LORA_R: checkpoint 16, now 8", False),
+    "batch-shape": ({"ACCUM_STEPS": "1"}, "samples_per_rank_step: checkpoint 4, now 2", False),
+}
+
+
+@pytest.mark.parametrize("case", list(CHANGED))
+def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, reference, case):
+    overrides, listed, allowable = CHANGED[case]
+    out = tmp_path / "out"
+    copy_checkpoints(reference, out)  # newer than anything this run wrote: RESUME=auto finds it first
+    if overrides is None:
+        overrides = {"DATA_PATH": str(shuffled_copy(Path(data["DATA_PATH"]), tmp_path / "train.jsonl"))}
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, **overrides), timeout=120)
     assert run.returncode != 0
-    assert re.search(r"\[rank [01]\] error: .* was written by a run of shape", run.output), run.output[-3000:]
-    assert "resume with the same world size, MICRO_BATCH*ACCUM_STEPS, model, data" in run.output
+    for rank in (0, 1):  # the same one message on every rank, before any collective
+        line = next((ln for ln in run.output.splitlines() if ln.startswith(f"[rank {rank}] error: ")), "")
+        assert f"checkpoints/step-00000006 was written by another run (" in line and listed in line, run.output[-3000:]
+        assert ("RESUME_ALLOW_CHANGES=1" in line) == allowable
+    assert "size mismatch" not in run.output and not (out / "adapter").exists()
+
+
+def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, data, reference):
+    out = tmp_path / "out"
+    copy_checkpoints(reference, out)
+    shutil.rmtree(out / "checkpoints" / "step-00000006")  # resume at step 4: steps 5 and 6 train again
+    copy = tmp_path / "same-rows-elsewhere.jsonl"
+    shutil.copy(data["DATA_PATH"], copy)
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, DATA_PATH=str(copy)))
+    assert run.returncode == 0 and resumed_step(run.output) == 4, run.output[-3000:]
+    assert_bitwise_equal(adapter(out), adapter(reference))  # the same data is the same data, wherever it lies
+
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, LR="1e-4", EPOCHS="3", RESUME_ALLOW_CHANGES="1"))
+    assert run.returncode == 0, run.output[-3000:]
+    assert re.search(r"warning: resuming \S+step-00000006 with changed settings \(RESUME_ALLOW_CHANGES=1\): "
+                     r"EPOCHS: checkpoint 2, now 3; LR: checkpoint 0.0002, now 0.0001", run.output), run.output[-3000:]
+    assert resumed_step(run.output) == 6 and [r["step"] for r in metrics(out) if "loss" in r][-3:] == [7, 8, 9]
+    config = json.loads((out / "config.json").read_text())
+    assert config["resumed_from"].endswith("step-00000006") and config["settings"]["LR"] == {"value": 1e-4, "source": "env"}
+
+
+DAMAGE = {
+    "two-bytes-flipped": lambda c: (c / "adapter_model.safetensors").write_bytes(
+        (lambda b: b[:1000] + bytes([b[1000] ^ 1, b[1001] ^ 1]) + b[1002:])((c / "adapter_model.safetensors").read_bytes())),
+    "truncated": lambda c: (c / "adapter_model.safetensors").write_bytes((c / "adapter_model.safetensors").read_bytes()[:5000]),
+    "trainer-state-missing": lambda c: (c / "trainer_state.pt").unlink(),
+    "trainer-state-garbage": lambda c: (c / "trainer_state.pt").write_bytes(b"garbage"),
+    "empty-newer-folder": lambda c: (c.parent / "step-00000009").mkdir(),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(tmp_path, data, reference, case):
+    out = tmp_path / "out"
+    copy_checkpoints(reference, out)
+    newest = out / "checkpoints" / "step-00000006"
+    if case == "empty-newer-folder":
+        shutil.rmtree(newest)  # then step 4 is the newest intact one, and an empty step-9 lies above it
+    DAMAGE[case](newest)
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0, run.output[-3000:]
+    assert re.search(r"warning: skipping damaged checkpoint \S+step-0000000[69]: ", run.output), run.output[-3000:]
+    assert resumed_step(run.output) == 4
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, reference):
+    out = tmp_path / "out"
+    job = Job.single_node(job_env(data, out, SAVE_EVERY="0"))  # no periodic checkpoint to fall back on
+    job.wait_for("step 1 |")
+    job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
+    job.wait(60)
+    stopped = re.search(r"stopped by SIGTERM after step (\d+): checkpoint saved", job.output)
+    assert stopped and (out / "checkpoints" / f"step-{int(stopped[1]):08d}").is_dir(), job.output[-3000:]
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0 and resumed_step(run.output) == int(stopped[1])
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_taken_over(tmp_path, data, reference):
+    out = tmp_path / "out"
+    first = Job.single_node(job_env(data, out, FAULT_INJECT="hang@2@1", DIST_TIMEOUT_S="60"))  # holds the lock
+    first.wait_for("step 1 |")
+    second = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), timeout=120)
+    assert second.returncode != 0
+    assert re.search(rf"\[rank 0\] error: {out} is in use by another job \(host \S+, pid \d+, started ", second.output), \
+        second.output[-3000:]
+    first.kill()  # SIGKILL: its lock stays behind, naming a pid that no longer runs
+    assert (out / ".lock").exists()
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0, run.output[-3000:]
+    assert_bitwise_equal(adapter(out), adapter(reference))
+    assert not (out / ".lock").exists()
