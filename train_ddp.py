@@ -162,7 +162,8 @@ class HangWatchdog(threading.Thread):
     of C++ frames, a minute or more after the timeout. This thread reads the flight recorder every
     2 s: a collective pending longer than the timeout (on gloo 5 s more: its own error comes first)
     ends the rank with the report. It also posts how many collectives this rank has entered to the
-    rendezvous store (plain TCP), so a report can name the ranks that never joined.
+    rendezvous store (plain TCP), so a report can name the ranks that never joined, and beats there, so
+    peers can tell that this process still lives.
     """
 
     def __init__(self, rank: int, world: int):
@@ -186,6 +187,7 @@ class HangWatchdog(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(2.0):
+            self.store.add(f"beats/{self.rank}", 1)
             pending, entered = self.state()
             if entered != self.posted:
                 self.store.set(f"entered/{self.rank}", str(entered))
@@ -196,6 +198,10 @@ class HangWatchdog(threading.Thread):
                 print(f"[rank {self.rank}] collective timeout {step_position()}: {self.describe(pending[0])}\n"
                       f"[rank {self.rank}] main thread: {' -> '.join(calls)}", file=sys.stderr, flush=True)
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
+
+    def heartbeats(self) -> dict[int, int]:
+        """Every rank's beat count: one that stops growing belongs to a process that is gone."""
+        return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
 
     def describe_failure(self) -> str:
         """After an exception: the last collective, if it waited long enough for every rank to post its
@@ -227,16 +233,47 @@ class HangWatchdog(threading.Thread):
         self.stopped.set()
 
 
-STOP = {"signal": None}  # set by SIGTERM/SIGINT; every rank learns of it in the step's last all-reduce
+class GracefulStop:
+    """Preemption (SIGTERM, what clusters and torchrun send) or Ctrl-C: every rank finishes its step (all
+    learn of the signal in that step's last all-reduce), rank 0 checkpoints, all exit 0.
+
+    torchrun also sends SIGTERM to the survivors when a worker died; they wait on the dead peer and never
+    reach the end of the step. So a signalled rank checks every 5 s: a peer that stopped beating (see
+    HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun SIGKILLs at 30 s), and it exits
+    without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs (a cluster signals every
+    process, torchrun its workers again) change nothing.
+    """
+    GRACE_S, CHECK_S = 25.0, 5.0
+
+    def __init__(self):
+        self.signal, self.watchdog, self.at_boundary = None, None, threading.Event()
+
+    def install(self, watchdog: "HangWatchdog") -> None:
+        self.watchdog = watchdog
+        signal.signal(signal.SIGTERM, self.request)
+        signal.signal(signal.SIGINT, self.request)
+
+    def request(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum)
+            threading.Thread(target=self._exit_if_stuck, daemon=True, name="graceful-stop").start()
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    def _exit_if_stuck(self) -> None:
+        start, before = time.monotonic(), self.watchdog.heartbeats()
+        while not self.at_boundary.wait(self.CHECK_S):
+            now = self.watchdog.heartbeats()
+            gone = [r for r in now if now[r] == before[r] and r != self.watchdog.rank]
+            if gone or time.monotonic() - start > self.GRACE_S:
+                why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
+                print(f"[rank {self.watchdog.rank}] {self.signal.name}: {why} ({step_position()}); "
+                      f"exiting without a checkpoint", file=sys.stderr, flush=True)
+                os._exit(128 + self.signal.value)
+            before = now
 
 
-def request_stop(signum, frame) -> None:
-    """Preemption (SIGTERM, what clusters and torchrun send) or Ctrl-C: finish this step, checkpoint, exit.
-    A second Ctrl-C stops at once; repeated SIGTERMs (a cluster signals every process, torchrun its
-    workers again) change nothing."""
-    if STOP["signal"] is not None and signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    STOP["signal"] = STOP["signal"] or signal.Signals(signum).name
+STOP = GracefulStop()
 
 
 def step_position() -> str:
@@ -529,7 +566,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
         local_loss += loss_sum.detach().double()
     if fault("nan"):
         local_loss.fill_(float("nan"))
-    loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP["signal"] is not None], device)
+    loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP.signal is not None], device)
     return loss_sum_all, n_targets, n_tokens, n_padded, stops > 0
 
 
@@ -545,7 +582,7 @@ def fault(kind: str) -> bool:
     return int(parts[0]) == _step["current"] and (len(parts) == 1 or int(parts[1]) == dist.get_rank())
 
 
-_step = {"current": 0, "completed": 0}  # for fault() and for the failure report
+_step = {"current": 0, "completed": 0}  # for fault() and the failure report
 
 
 # ----------------------------------------------------------------------------------------------
@@ -880,8 +917,7 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         f"global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}={MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps")
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    signal.signal(signal.SIGTERM, request_stop)  # from here on a preemption saves first (torchrun waits 30 s)
-    signal.signal(signal.SIGINT, request_stop)
+    STOP.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
     bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
     model.train()
     longest = 0  # padded length of the longest micro-batch so far (for the memory prediction)
@@ -955,8 +991,9 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
                     log_metrics(result)
                 say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
             if stop and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
+                STOP.at_boundary.set()  # not stuck
                 save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
-                say(f"stopped by {STOP['signal'] or 'another rank'} after step {step}: checkpoint saved; "
+                say(f"stopped by {STOP.signal.name if STOP.signal else 'another rank'} after step {step}: checkpoint saved; "
                     f"the same command resumes from it")
                 return
             if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):

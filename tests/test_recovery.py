@@ -487,15 +487,17 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
     assert_bitwise_equal(adapter(out), adapter(reference))
 
 
-def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, reference):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, references, backend):
+    reference = references(backend)
     out = tmp_path / "out"
-    job = Job.single_node(job_env(data, out, SAVE_EVERY="0"))  # no periodic checkpoint to fall back on
+    job = Job.single_node(job_env(data, out, SAVE_EVERY="0"), backend=backend)  # no periodic checkpoint to fall back on
     job.wait_for("step 1 |")
     job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
     job.wait(60)
     stopped = re.search(r"stopped by SIGTERM after step (\d+): checkpoint saved", job.output)
     assert stopped and (out / "checkpoints" / f"step-{int(stopped[1]):08d}").is_dir(), job.output[-3000:]
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
     assert run.returncode == 0 and resumed_step(run.output) == int(stopped[1])
     assert_bitwise_equal(adapter(out), adapter(reference))
 
