@@ -237,11 +237,13 @@ class GracefulStop:
     """Preemption (SIGTERM, what clusters and torchrun send) or Ctrl-C: every rank finishes its step (all
     learn of the signal in that step's last all-reduce), rank 0 checkpoints, all exit 0.
 
-    torchrun also sends SIGTERM to the survivors when a worker died; they wait on the dead peer and never
-    reach the end of the step. So a signalled rank checks every 5 s: a peer that stopped beating (see
-    HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun SIGKILLs at 30 s), and it exits
-    without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs (a cluster signals every
-    process, torchrun its workers again) change nothing.
+    A Python signal handler runs only when the main thread returns to Python, which a rank blocked in
+    a collective (on NCCL, on the GPU) never does. So the signal is read from the interpreter's wakeup
+    pipe by a thread of its own. torchrun also sends SIGTERM to the survivors when a worker died; they
+    wait on the dead peer and never reach the end of the step: a signalled rank checks every 5 s, and
+    a peer that stopped beating (HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun
+    SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
+    (a cluster signals every process, torchrun its workers again) change nothing.
     """
     GRACE_S, CHECK_S = 25.0, 5.0
 
@@ -250,15 +252,23 @@ class GracefulStop:
 
     def install(self, watchdog: "HangWatchdog") -> None:
         self.watchdog = watchdog
-        signal.signal(signal.SIGTERM, self.request)
-        signal.signal(signal.SIGINT, self.request)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)  # written by the C handler, at once
+        threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
 
-    def request(self, signum, frame) -> None:
-        if self.signal is None:
-            self.signal = signal.Signals(signum)
-            threading.Thread(target=self._exit_if_stuck, daemon=True, name="graceful-stop").start()
-        elif signum == signal.SIGINT:
-            raise KeyboardInterrupt
+    def _watch(self, read_end: int) -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]  # every signal with a Python handler (DataLoader's SIGCHLD too)
+            if signum not in (signal.SIGTERM, signal.SIGINT):
+                continue
+            if self.signal is None:
+                self.signal = signal.Signals(signum)
+                threading.Thread(target=self._exit_if_stuck, daemon=True).start()
+            elif signum == signal.SIGINT:
+                os._exit(128 + signum)
 
     def _exit_if_stuck(self) -> None:
         start, before = time.monotonic(), self.watchdog.heartbeats()
