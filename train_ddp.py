@@ -95,6 +95,7 @@ SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: onl
 KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kept (at least 1)
 RESUME = env("RESUME", "auto")  # "auto": newest intact checkpoint of this run in OUTPUT_DIR; "": never; or a path
 RESUME_ALLOW_CHANGES = env("RESUME_ALLOW_CHANGES", False)  # continue a checkpoint of other settings (LR, EPOCHS, data)
+SAVE_ON_SIGTERM = env("SAVE_ON_SIGTERM", False)  # SIGTERM/Ctrl-C: finish the step, checkpoint, exit 0 (off: die at once)
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
 DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # after step 1: a collective stuck this long ends the job with a report
@@ -418,7 +419,8 @@ def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, 
     sampler.set_epoch(epoch)
     order = StepOrder(sampler, skip_samples, lengths, window=MICRO_BATCH * ACCUM_STEPS)
     return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=order,
-                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS, worker_init_fn=ignore_stop_signals,
+                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS,
+                      worker_init_fn=ignore_stop_signals if SAVE_ON_SIGTERM else None,
                       persistent_workers=False, pin_memory=torch.cuda.is_available())
 
 
@@ -927,7 +929,8 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
         f"global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}={MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps")
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    STOP.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
+    if SAVE_ON_SIGTERM:
+        STOP.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
     bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
     model.train()
     longest = 0  # padded length of the longest micro-batch so far (for the memory prediction)

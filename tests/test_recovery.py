@@ -491,7 +491,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
 def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, references, backend):
     reference = references(backend)
     out = tmp_path / "out"
-    job = Job.single_node(job_env(data, out, SAVE_EVERY="0"), backend=backend)  # no periodic checkpoint to fall back on
+    job = Job.single_node(job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1"), backend=backend)  # no periodic checkpoint
     job.wait_for("step 1 |")
     job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
     job.wait(60)
