@@ -438,7 +438,7 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     assert run.returncode != 0
     for rank in (0, 1):  # the same one message on every rank, before any collective
         line = next((ln for ln in run.output.splitlines() if ln.startswith(f"[rank {rank}] error: ")), "")
-        assert f"checkpoints/step-00000006 was written by another run (" in line and listed in line, run.output[-3000:]
+        assert "checkpoints/step-00000006 was written by another run (" in line and listed in line, run.output[-3000:]
         assert ("RESUME_ALLOW_CHANGES=1" in line) == allowable
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
 
