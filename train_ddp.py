@@ -37,19 +37,26 @@ HERE = Path(__file__).resolve().parent
 
 
 def env(name: str, default):
-    """The constant `name`: its environment variable if set (parsed as the default's type), else the default."""
+    """The constant `name`: its environment variable if set (parsed as the default's type), else the default.
+    A value that does not parse is noted in UNPARSABLE and reported by check_settings(), with the others."""
     raw = os.environ.get(name)
     SOURCES[name] = "default" if raw is None else "env"
     if raw is None:
         return default
     if isinstance(default, bool):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-            raise SystemExit(f"error: {name}={raw!r}: expected 1/0/true/false")
+            UNPARSABLE.append(f"{name}={raw!r}: expected 1/0/true/false")
+            return default
         return raw.lower() in ("1", "true", "yes")
-    return type(default)(raw)
+    try:
+        return type(default)(raw)
+    except ValueError:
+        UNPARSABLE.append(f"{name}={raw!r}: expected {'an integer' if isinstance(default, int) else 'a number'}")
+        return default
 
 
 SOURCES: dict[str, str] = {}  # constant -> where its value came from: default, env or planner
+UNPARSABLE: list[str] = []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,6 +112,42 @@ FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: KIND@STEP[@RANK], KIND in 
 
 class InputError(Exception):
     """Bad configuration or data. Raised identically on every rank before any collective."""
+
+
+# What each constant allows, where not every value of its type makes sense.
+ALLOWED = {
+    "MAX_LEN": (lambda v: v >= 2, ">= 2"), "MICRO_BATCH": (lambda v: v >= 1, ">= 1"),
+    "ACCUM_STEPS": (lambda v: v >= 1, ">= 1"), "EPOCHS": (lambda v: v >= 1, ">= 1"),
+    "MAX_STEPS": (lambda v: v >= 0, ">= 0 (0: all epochs)"), "LR": (lambda v: 0 < v < 1, "between 0 and 1"),
+    "WARMUP_STEPS": (lambda v: v >= 0, ">= 0"), "WEIGHT_DECAY": (lambda v: v >= 0, ">= 0"),
+    "GRAD_CLIP": (lambda v: v >= 0, ">= 0 (0: no clipping)"), "LORA_R": (lambda v: v >= 1, ">= 1"),
+    "LORA_ALPHA": (lambda v: v > 0, "> 0"), "LORA_DROPOUT": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "GRADIENT_CHECKPOINTING": (lambda v: v >= 0, ">= 0 (every Nth layer; 0: none)"),
+    "MEMORY_TARGET_GIB": (lambda v: v >= 0, ">= 0 (0: off)"), "CE_CHUNK_TOKENS": (lambda v: v >= 0, ">= 0 (0: off)"),
+    "PAD_TO_MULTIPLE": (lambda v: v >= 1, ">= 1"), "NUM_WORKERS": (lambda v: v >= 0, ">= 0"),
+    "LOG_EVERY": (lambda v: v >= 0, ">= 0"), "PROFILE_STEP": (lambda v: v >= 0, ">= 0"),
+    "EVAL_EVERY": (lambda v: v >= 0, ">= 0"), "SAVE_EVERY": (lambda v: v >= 0, ">= 0"),
+    "KEEP_CHECKPOINTS": (lambda v: v >= 1, ">= 1"), "NAN_POLICY": (lambda v: v in ("skip", "stop"), "skip or stop"),
+    "DRIFT_CHECK_EVERY": (lambda v: v >= 0, ">= 0"), "DIST_TIMEOUT_S": (lambda v: v > 0, "> 0"),
+    "DIST_INIT_TIMEOUT_S": (lambda v: v > 0, "> 0"),
+}
+
+
+def check_settings() -> list[str]:
+    """Every unparsable or out-of-range constant as one InputError; returns warnings for environment
+    variables that look like a misspelled constant (MICROBATCH for MICRO_BATCH)."""
+    import difflib
+
+    bad = UNPARSABLE + [f"{name}={globals()[name]!r}: allowed {text}" for name, (ok, text) in ALLOWED.items()
+                        if SOURCES[name] != "default" and not ok(globals()[name])]
+    if bad:
+        raise InputError("; ".join(bad))
+    warnings = []
+    for var in os.environ:
+        close = difflib.get_close_matches(var, SOURCES, n=1, cutoff=0.85)
+        if close and var not in SOURCES:
+            warnings.append(f"warning: {var}={os.environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?")
+    return warnings
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,14 +360,19 @@ ROLES = ("system", "user", "assistant")
 def load_conversations(path: str) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_bytes().splitlines()
     except OSError as e:
         raise InputError(f"cannot read data file {path}: {e}") from e
     rows = []
-    for lineno, line in enumerate(lines, 1):
+    for lineno, raw in enumerate(lines, 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                             f"save the file as UTF-8") from None
         if not line.strip():
             continue
-        where = f"{path}:{lineno}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -843,6 +891,8 @@ def main() -> None:
     #    before the first collective: bad input can never turn into a hang.
     from transformers import AutoTokenizer
 
+    for warning in check_settings():
+        rank0_print(warning)
     check_writable(OUTPUT_DIR)
     lock = run_record.OutputLock(OUTPUT_DIR) if rank == 0 else None  # one job per OUTPUT_DIR
     if lock:
@@ -856,8 +906,6 @@ def main() -> None:
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)
     total_steps = EPOCHS * n_steps_epoch if MAX_STEPS <= 0 else min(MAX_STEPS, EPOCHS * n_steps_epoch)
-    if NAN_POLICY not in ("skip", "stop"):
-        raise InputError(f"NAN_POLICY={NAN_POLICY!r}: expected 'skip' or 'stop'")
     tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
     for messages in conversations[:8]:  # the chat template itself (e.g. prefix stability), before any collective
         tokenize_conversation(tokenizer, messages, MAX_LEN, ASSISTANT_ONLY_LOSS)

@@ -99,3 +99,20 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def sample_data_path() -> Path:
     return SAMPLE_DATA
+
+
+def project_files() -> dict[str, float]:
+    """Every file of the checkout with its modification time, but for what Python and pytest make."""
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache"}
+    return {str(p.relative_to(ROOT)): p.stat().st_mtime for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tests_write_only_to_their_temporary_folders():
+    """A user's out/ from the README's first command (or any file of the checkout) survives the tests."""
+    before = project_files()
+    yield
+    after = project_files()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"tests wrote into the checkout: {changed[:10]}"

@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LORA_DROPOUT", "0.0")  # deterministic forward for exact comparisons
+os.environ["OUTPUT_DIR"] = sys.argv[2]  # never the default out/: a user's run lives there
 os.environ.setdefault("CE_CHUNK_TOKENS", "0")
 
 import torch  # noqa: E402

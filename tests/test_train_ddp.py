@@ -186,7 +186,19 @@ BAD_INPUTS = {
     "unwritable-output": (lambda d: SAMPLE_DATA, {"OUTPUT_DIR": "/proc/forbidden"}, r"OUTPUT_DIR '/proc/forbidden' is not writable"),
     "regex-matches-nothing": (lambda d: SAMPLE_DATA, {"LORA_TARGETS": r".*\.nonexistent_proj"},
                               r"LORA_TARGETS .* matches no Linear module"),
+    "not-utf8": (lambda d: (d / "x.jsonl").write_bytes(SAMPLE_DATA.read_bytes().split(b"\n")[0] + b"\n" +
+                                                     '{"messages": "caf\u00e9"}'.encode("latin-1")) and d / "x.jsonl",
+                 {}, r"x\.jsonl:2: not UTF-8 \(byte 0xe9 at column 18\); save the file as UTF-8"),
+    "bad-constants": (lambda d: SAMPLE_DATA, {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
+                      r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)"),
 }
+
+
+def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_reported(monkeypatch):
+    monkeypatch.setenv("MICROBATCH", "4")
+    monkeypatch.setenv("MICRO_BATCHES_PER_GPU", "4")  # not close enough to any constant to be a typo of it
+    warnings = T.check_settings()
+    assert warnings == ["warning: MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"]
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
