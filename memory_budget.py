@@ -267,15 +267,15 @@ def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, st
     """SPEC's decision: DDP if a replica fits; FSDP/ZeRO if only gradients + optimizer state are too big;
     tensor/pipeline parallelism otherwise."""
     if total <= card:
-        return "DDP", f"one full replica needs {total / GB:.1f} GB of the {card / GB:.1f} GB card"
+        return "DDP", f"one full replica needs {total / GiB:.1f} GiB of the {card / GiB:.1f} GiB card"
     if total - state <= card:
         sharded = total - state * (1 - 1 / dp)
         verdict = "" if sharded <= card else ", still too much: add GPUs"
-        return "FSDP/ZeRO", (f"weights and activations fit ({(total - state) / GB:.1f} GB) but gradients and "
-                             f"optimizer state ({state / GB:.1f} GB) do not; sharded over DP={dp} they leave "
-                             f"{sharded / GB:.1f} GB per GPU{verdict}")
-    return "TP/PP", (f"weights and activations alone need {(total - state) / GB:.1f} GB, more than the "
-                     f"{card / GB:.1f} GB card: split layers (pipeline) or matrices (tensor parallel, --tp)")
+        return "FSDP/ZeRO", (f"weights and activations fit ({(total - state) / GiB:.1f} GiB) but gradients and "
+                             f"optimizer state ({state / GiB:.1f} GiB) do not; sharded over DP={dp} they leave "
+                             f"{sharded / GiB:.1f} GiB per GPU{verdict}")
+    return "TP/PP", (f"weights and activations alone need {(total - state) / GiB:.1f} GiB, more than the "
+                     f"{card / GiB:.1f} GiB card: split layers (pipeline) or matrices (tensor parallel, --tp)")
 
 
 def estimate(param_shapes: dict, text_config: dict, *, seq_len: int, micro_batch: int, world_size: int = 1,
@@ -439,7 +439,8 @@ def format_report(result: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line; its defaults are train_ddp.py's (tests/test_memory_budget.py keeps them equal)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="local folder, config.json, or hub id")
     ap.add_argument("--gpus-per-node", type=int, default=1)
@@ -447,12 +448,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DP = world size / TP)")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sample after padding")
     ap.add_argument("--micro-batch", type=int, default=1)
-    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    ap.add_argument("--accum", type=int, default=8, help="gradient accumulation steps")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-dropout", type=float, default=0.05)
     ap.add_argument("--targets", default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"')
     ap.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off")
-    ap.add_argument("--ce-chunk-tokens", type=int, default=0,
+    ap.add_argument("--ce-chunk-tokens", type=int, default=1024,
                     help="loss in checkpointed chunks of this many target tokens (0: all logits at once)")
     ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     ap.add_argument("--train-embeddings", action="store_true",
@@ -460,7 +461,11 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
     ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     shapes = param_shapes_from_path(a.model)
     result = estimate(shapes, load_config(a.model), seq_len=a.seq_len, micro_batch=a.micro_batch,
                       world_size=a.gpus_per_node * a.nodes, tp=a.tp, lora_r=a.lora_r, targets=a.targets,

@@ -342,6 +342,24 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def check_model_source() -> None:
+    """A model folder that does not exist, or a hub id that is not cached while offline, fails at once
+    (transformers would try the hub for either, and wait on the network)."""
+    if MODEL_CONFIG:
+        if not Path(MODEL_CONFIG).is_file():
+            raise InputError(f"MODEL_CONFIG {MODEL_CONFIG!r}: no such file")
+        return
+    if Path(MODEL_ID).exists():
+        return
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", MODEL_ID) or MODEL_ID.startswith("."):
+        raise InputError(f"MODEL_ID {MODEL_ID!r}: no such folder (a hub id looks like google/gemma-4-12B-it)")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(MODEL_ID, "config.json"), str):
+        raise InputError(f"MODEL_ID {MODEL_ID!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
+                         f"it first (huggingface-cli download {MODEL_ID}) or point MODEL_ID to a local folder")
+
+
 def check_writable(directory: str) -> None:
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -893,6 +911,7 @@ def main() -> None:
 
     for warning in check_settings():
         rank0_print(warning)
+    check_model_source()
     check_writable(OUTPUT_DIR)
     lock = run_record.OutputLock(OUTPUT_DIR) if rank == 0 else None  # one job per OUTPUT_DIR
     if lock:
@@ -952,16 +971,21 @@ def main() -> None:
 def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device,
           watchdog, run_config):
     from tqdm import tqdm
-    from transformers import get_cosine_schedule_with_warmup
 
     rank, world = dist.get_rank(), dist.get_world_size()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=LR,
                                   weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
-    scheduler = get_cosine_schedule_with_warmup(optimizer, WARMUP_STEPS, total_steps)
+    scheduler = lr_schedule(optimizer, total_steps)
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
     if resume_from is not None:  # every rank loads the same files: identical state everywhere
         progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
         say(f"resumed from {resume_from} at step {progress['step']}")
+        adapter = Path(OUTPUT_DIR) / "adapter"
+        if progress["step"] >= total_steps and adapter.is_dir() and run_record.damage(adapter) is None:
+            say(f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train. To train "
+                f"again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1")
+            say_where_everything_is(adapter)
+            return
     _step.update(current=progress["step"], completed=progress["step"])
     progress_at_start = progress["step"]
 
@@ -1071,6 +1095,23 @@ def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoc
     checksum = check_replicas_identical(model.module, progress["step"])
     path = save_adapter(model)
     say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
+    say_where_everything_is(path)
+
+
+def lr_schedule(optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over WARMUP_STEPS in which step 1 already trains (at LR/WARMUP_STEPS), then cosine decay."""
+    def factor(steps_taken: int) -> float:
+        if steps_taken < WARMUP_STEPS:
+            return (steps_taken + 1) / WARMUP_STEPS
+        return 0.5 * (1 + math.cos(math.pi * (steps_taken - WARMUP_STEPS) / max(1, total_steps - WARMUP_STEPS)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def say_where_everything_is(adapter: Path) -> None:
+    out = Path(OUTPUT_DIR)
+    say(f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}   "
+        f"settings: {out / 'config.json'}\nload it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+        f"{MODEL_ID!r}), {str(adapter)!r})")
 
 
 if __name__ == "__main__":

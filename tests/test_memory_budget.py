@@ -307,6 +307,18 @@ def test_cli_table(capsys):
     assert "65,634,304" in out and "fits" in out and "Strategy: DDP" in out
 
 
+def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
+    import train_ddp as T
+
+    d = mb.parser().parse_args(["model"])
+    assert (d.seq_len, d.micro_batch, d.accum, d.lora_r, d.lora_dropout, d.ce_chunk_tokens, d.targets) == \
+        (T.MAX_LEN, T.MICRO_BATCH, T.ACCUM_STEPS, T.LORA_R, T.LORA_DROPOUT, T.CE_CHUNK_TOKENS, T.LORA_TARGETS)
+    assert not d.no_grad_ckpt and T.GRADIENT_CHECKPOINTING == 1
+    mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
+    strategy = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Strategy:"))
+    assert "GiB of the 80.0 GiB card" in strategy and " GB" not in strategy
+
+
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -443,6 +443,16 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
 
 
+def test_a_finished_run_started_again_says_so_and_changes_nothing(tmp_path, data, reference):
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    before = adapter(out)
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert run.returncode == 0 and "this run is already complete (6 of 6 steps): nothing to train" in run.output
+    assert_bitwise_equal(adapter(out), before)
+    assert [r["step"] for r in metrics(out) if "loss" in r] == list(range(1, TOTAL_STEPS + 1))  # nothing logged
+
+
 def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, data, reference):
     out = tmp_path / "out"
     copy_checkpoints(reference, out)

@@ -148,6 +148,8 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     assert "identical on all 2 ranks" in run.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum
+    assert records[0]["lr"] > 0  # warmup's first step trains
+    assert re.search(r"adapter: \S+adapter +metrics: \S+metrics.jsonl +checkpoints: .*\nload it: PeftModel", run.output)
     assert all(r["targets"] > 0 and r["tokens"] > r["targets"] and r["loss"] > 0 for r in records)
     assert {p.name for p in (out / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
 
@@ -189,6 +191,11 @@ BAD_INPUTS = {
     "not-utf8": (lambda d: (d / "x.jsonl").write_bytes(SAMPLE_DATA.read_bytes().split(b"\n")[0] + b"\n" +
                                                      '{"messages": "caf\u00e9"}'.encode("latin-1")) and d / "x.jsonl",
                  {}, r"x\.jsonl:2: not UTF-8 \(byte 0xe9 at column 18\); save the file as UTF-8"),
+    "missing-model-folder": (lambda d: SAMPLE_DATA, {"MODEL_ID": "/nonexistent/models/gemma"},
+                             r"MODEL_ID '/nonexistent/models/gemma': no such folder"),
+    "hub-id-offline": (lambda d: SAMPLE_DATA, {"MODEL_ID": "google/gemma-4-12B-it", "HF_HUB_OFFLINE": "1",
+                                               "HF_HOME": "/nonexistent-hf-home"},
+                       r"MODEL_ID 'google/gemma-4-12B-it': not in the local hub cache, and HF_HUB_OFFLINE is set"),
     "bad-constants": (lambda d: SAMPLE_DATA, {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
                       r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)"),
 }
