@@ -391,13 +391,17 @@ def load_conversations(path: str) -> list[list[dict]]:
                              f"save the file as UTF-8") from None
         if not line.strip():
             continue
+        if not rows and line.lstrip().startswith("["):
+            raise InputError(f"{where}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
+                             f"python -c \"import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]\" "
+                             f"{path} > {Path(path).stem}.jsonl")
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
         messages = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(messages, list) or not messages:
-            raise InputError(f"{where}: expected an object with a non-empty 'messages' list")
+            raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
         for j, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in ROLES:
                 role = m.get("role") if isinstance(m, dict) else m
@@ -412,6 +416,17 @@ def load_conversations(path: str) -> list[list[dict]]:
     if not rows:
         raise InputError(f"{path}: no examples (the file is empty)")
     return rows
+
+
+def format_hint(row) -> str:
+    """How to turn the other two formats people bring into 'messages' rows."""
+    if isinstance(row, dict) and isinstance(row.get("conversations"), list):
+        return ("; this looks like ShareGPT: rename 'conversations' to 'messages', 'from' to 'role' and 'value' to "
+                "'content', with roles human -> user, gpt -> assistant")
+    if isinstance(row, dict) and {"prompt", "completion"} <= row.keys():
+        return ("; this looks like prompt/completion: write {\"messages\": [{\"role\": \"user\", \"content\": prompt}, "
+                "{\"role\": \"assistant\", \"content\": completion}]} (the loss then covers the completion only)")
+    return ""
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:

@@ -196,6 +196,12 @@ BAD_INPUTS = {
     "hub-id-offline": (lambda d: SAMPLE_DATA, {"MODEL_ID": "google/gemma-4-12B-it", "HF_HUB_OFFLINE": "1",
                                                "HF_HOME": "/nonexistent-hf-home"},
                        r"MODEL_ID 'google/gemma-4-12B-it': not in the local hub cache, and HF_HUB_OFFLINE is set"),
+    "json-array": (lambda d: (d / "x.json").write_text(json.dumps([json.loads(r) for r in sample_rows(4)])) and d / "x.json",
+                   {}, r"x\.json:1: a JSON array; this script reads JSON Lines, one object per line. Convert: python -c"),
+    "sharegpt": (lambda d: write_rows(d / "x.jsonl", [{"conversations": [{"from": "human", "value": "Hi"}]}]), {},
+                 r"x\.jsonl:1: expected .*'messages' list; this looks like ShareGPT: rename 'conversations' to 'messages'"),
+    "prompt-completion": (lambda d: write_rows(d / "x.jsonl", [{"prompt": "Hi", "completion": "Hello"}]), {},
+                          r"x\.jsonl:1: expected .*'messages' list; this looks like prompt/completion: write"),
     "bad-constants": (lambda d: SAMPLE_DATA, {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
                       r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)"),
 }
