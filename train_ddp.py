@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from pathlib import Path
 
@@ -266,7 +266,8 @@ class HangWatchdog(threading.Thread):
     def describe(self, e: dict) -> str:
         """One collective, the ranks that never entered it and where this rank's flight recorder is."""
         seq, age = e["collective_seq_id"], (time.time_ns() - e["time_created_ns"]) / 1e9
-        self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
+        with suppress(RuntimeError, OSError):  # the store's host may be gone too
+            self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
         dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
         dump.write_bytes(flight_recorder(json_format=False))  # NCCL's own dump would come only at its backstop
         missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
