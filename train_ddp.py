@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,10 @@ import run_record
 from collate import IGNORE_INDEX, PadCollate
 
 HERE = Path(__file__).resolve().parent
+# Two known, harmless deprecations every rank would print: PEFT reads transformers' old
+# is_gradient_checkpointing, and torch 2.13 renames DDP's broadcast_buffers (torch 2.11 knows only it).
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
 
 
 def env(name: str, default):
@@ -526,6 +531,10 @@ def steps_per_epoch(n_samples: int, world: int) -> int:
 # Model: Gemma 4 + regex-scoped LoRA, wrapped with its loss so DDP sees one forward
 def load_model(device: torch.device):
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if os.environ.get("RANK", "0") != "0":
+        hf_logging.disable_progress_bar()  # the weight-loading bar once, on rank 0
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if MODEL_CONFIG:  # random weights, same on every rank (same seed); DDP broadcasts rank 0's anyway
