@@ -244,8 +244,10 @@ class HangWatchdog(threading.Thread):
             if pending and time.time_ns() - pending[0]["time_created_ns"] > (self.timeout_s + self.grace_s) * 1e9:
                 main = sys._current_frames().get(threading.main_thread().ident)
                 calls = [f"{f.name} (line {f.lineno})" for f in traceback.extract_stack(main) if f.filename == __file__]
-                print(f"[rank {self.rank}] collective timeout {step_position()}: {self.describe(pending[0])}\n"
-                      f"[rank {self.rank}] main thread: {' -> '.join(calls)}", file=sys.stderr, flush=True)
+                report = f"collective timeout {step_position()}: {self.describe(pending[0])}"
+                print(f"[rank {self.rank}] {report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}",
+                      file=sys.stderr, flush=True)
+                record_for_torchrun(TimeoutError(report))
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
 
     def heartbeats(self) -> dict[int, int]:
@@ -978,8 +980,9 @@ def main() -> None:
     except InputError:
         dist.destroy_process_group()  # raised identically on every rank: a clean shutdown
         raise
-    except Exception:
+    except Exception as e:
         # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
+        record_for_torchrun(e)
         watchdog.stop()
         stuck = watchdog.describe_failure()
         print(f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" +
@@ -1139,9 +1142,17 @@ def say_where_everything_is(adapter: Path) -> None:
         f"{MODEL_ID!r}), {str(adapter)!r})")
 
 
+def record_for_torchrun(error: BaseException) -> None:
+    """torchrun's failure summary then shows this error as the root cause, instead of error_file: <N/A>."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    ErrorHandler().record_exception(error)
+
+
 if __name__ == "__main__":
     try:
         main()
     except InputError as e:
         print(f"[rank {os.environ.get('RANK', 0)}] error: {e}", file=sys.stderr, flush=True)
+        record_for_torchrun(e)
         sys.exit(2)

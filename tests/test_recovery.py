@@ -441,6 +441,9 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
         assert "checkpoints/step-00000006 was written by another run (" in line and listed in line, run.output[-3000:]
         assert ("RESUME_ALLOW_CHANGES=1" in line) == allowable
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
+    # torchrun's last screen names the cause too (the worker's error file), not error_file: <N/A>
+    assert re.search(r"Root Cause[\s\S]*error_file: \S+error.json[\s\S]*InputError: \S+ was written by another run",
+                     run.output), run.output[-3000:]
 
 
 def test_a_finished_run_started_again_says_so_and_changes_nothing(tmp_path, data, reference):
