@@ -520,6 +520,25 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def data_summary(tokenizer, conversations: list, used_per_epoch: int, sample_size: int = 1000) -> str:
+    """What MAX_LEN and drop_last do to the data, from up to `sample_size` rows spread over the file (the
+    same rows on every rank; this also checks the chat template). Stops when no row keeps a target."""
+    sample = conversations[::max(1, len(conversations) // sample_size)]
+    cut = targets = kept = no_target = 0
+    for messages in sample:
+        labels = tokenize_conversation(tokenizer, messages, 1 << 30, ASSISTANT_ONLY_LOSS)["labels"]
+        row_targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
+        row_kept = sum(label != IGNORE_INDEX for label in labels[1:MAX_LEN])
+        cut, targets, kept, no_target = cut + (len(labels) > MAX_LEN), targets + row_targets, kept + row_kept, \
+            no_target + (row_kept == 0)
+    if kept == 0:
+        raise InputError(f"{DATA_PATH}: no row keeps a target token within MAX_LEN={MAX_LEN} (the assistant turns "
+                         f"come later): raise MAX_LEN")
+    return (f"data: {len(conversations)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={MAX_LEN} "
+            f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
+            f"{len(conversations) - used_per_epoch} rows per epoch left out by drop_last")
+
+
 def steps_per_epoch(n_samples: int, world: int) -> int:
     """Optimizer steps per epoch, identical on every rank; a partial accumulation window is dropped."""
     per_step = world * MICRO_BATCH * ACCUM_STEPS
@@ -953,8 +972,7 @@ def main() -> None:
     n_steps_epoch = steps_per_epoch(len(conversations), world)
     total_steps = EPOCHS * n_steps_epoch if MAX_STEPS <= 0 else min(MAX_STEPS, EPOCHS * n_steps_epoch)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
-    for messages in conversations[:8]:  # the chat template itself (e.g. prefix stability), before any collective
-        tokenize_conversation(tokenizer, messages, MAX_LEN, ASSISTANT_ONLY_LOSS)
+    rank0_print(data_summary(tokenizer, conversations, n_steps_epoch * world * MICRO_BATCH * ACCUM_STEPS))
     identity = this_run_identity(world)
     resume_from = find_resume_checkpoint(identity)
     run_config = {"settings": effective_settings(), "identity": identity, "resumed_from": resume_from and str(resume_from)}

@@ -150,6 +150,9 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum
     assert records[0]["lr"] > 0  # warmup's first step trains
     assert "FutureWarning" not in run.output and run.output.count("Loading weights: 100%") == 1  # rank 0's bar only
+    summary = re.search(r"data: 37 rows; of 37 sampled, (\d+) longer than MAX_LEN=256 \((\d+) of (\d+) target tokens "
+                        r"cut\), \d+ with no target left; 5 rows per epoch left out by drop_last", run.output)
+    assert summary and int(summary[3]) > sum(r["targets"] for r in records), run.output[:3000]
     assert re.search(r"adapter: \S+adapter +metrics: \S+metrics.jsonl +checkpoints: .*\nload it: PeftModel", run.output)
     assert all(r["targets"] > 0 and r["tokens"] > r["targets"] and r["loss"] > 0 for r in records)
     assert {p.name for p in (out / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
@@ -203,6 +206,8 @@ BAD_INPUTS = {
                  r"x\.jsonl:1: expected .*'messages' list; this looks like ShareGPT: rename 'conversations' to 'messages'"),
     "prompt-completion": (lambda d: write_rows(d / "x.jsonl", [{"prompt": "Hi", "completion": "Hello"}]), {},
                           r"x\.jsonl:1: expected .*'messages' list; this looks like prompt/completion: write"),
+    "no-target-within-max-len": (lambda d: SAMPLE_DATA, {"MAX_LEN": "16"},
+                                 r"no row keeps a target token within MAX_LEN=16 .*: raise MAX_LEN"),
     "bad-constants": (lambda d: SAMPLE_DATA, {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
                       r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)"),
 }
