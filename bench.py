@@ -1,6 +1,6 @@
 """Benchmark train_ddp.py's own training loop: tokens/s, step time, peak memory, TFLOP/s and MFU.
 
-    python bench.py --config configs/gemma-4-12b.json --gpus 1 --runs plain,default,no-ckpt
+    python bench.py --config configs/gemma-4-12b.json --gpus 1 --runs plain,defaults,no-ckpt
 
 Each run launches `torchrun --nproc_per_node=GPUS train_ddp.py` (the real script, not a copy) on a
 model built from --config with random weights, over synthetic conversations truncated to exactly
@@ -27,8 +27,9 @@ PEAK_BF16_TFLOPS = {"H200": 790.0, "H100": 790.0}  # measured dense bf16 matmul 
 
 # name -> environment overrides of train_ddp.py constants
 RUNS = {
-    # SPEC's reference loop: full FP32 logits, PEFT's FP32 adapter inputs, every layer checkpointed
-    "plain": {"CE_CHUNK_TOKENS": "0", "LORA_BF16_INPUTS": "0", "GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1"},
+    # SPEC's reference loop: full FP32 logits, PEFT's FP32 adapter inputs, every layer checkpointed, SDPA
+    "plain": {"CE_CHUNK_TOKENS": "0", "LORA_BF16_INPUTS": "0", "GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1",
+              "ATTENTION_KERNEL": "sdpa"},
     "defaults": {"MICRO_BATCH": "1"},  # train_ddp.py's defaults
     # one constant picks the layout (memory_budget.plan_for_memory_target)
     "frugal": {"MEMORY_TARGET_GIB": "25", "MICRO_BATCH": "1"},
@@ -112,10 +113,21 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     return result
 
 
+def run_names(text: str) -> str:
+    """--runs: comma-separated names from RUNS (checked), in order."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown or not names:
+        said = f"unknown run{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}" if unknown \
+            else "no run named"
+        raise argparse.ArgumentTypeError(f"{said}; known runs: {', '.join(RUNS)}")
+    return ",".join(names)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(HERE / "configs" / "gemma-4-12b.json"))
-    ap.add_argument("--runs", default="plain,default", help=f"comma-separated, from {', '.join(RUNS)}")
+    ap.add_argument("--runs", type=run_names, default="plain,defaults", help=f"comma-separated, from {', '.join(RUNS)}")
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--samples", type=int, default=8, help="samples per GPU per optimizer step")

@@ -1,6 +1,7 @@
 """Per-GPU memory and gradient all-reduce budget for LoRA (or full) fine-tuning of Gemma 4 under DDP.
 
-    python memory_budget.py MODEL [--gpus-per-node 8] [--seq-len 2048] [--micro-batch 1] [--json] ...
+    python memory_budget.py MODEL [--gpus-per-node 8] [--seq-len 2048] [--micro-batch 1] [--ckpt-every 1]
+                                  [--ckpt-offload] [--ce-chunk-tokens 1024] [--json] ...
 
 MODEL is a local folder (config.json + *.safetensors, sharded through model.safetensors.index.json
 or not), a config.json alone (shapes then come from building the model on the meta device, e.g.
@@ -13,9 +14,14 @@ Units: GB = 1e9 bytes, GiB = 2**30 bytes. A card sold as "80 GB" holds 80 GiB; -
 The predicted peak is what torch.cuda.max_memory_allocated() reports after optimizer step 3 of
 train_ddp.py: frozen weights in their stored dtype; LoRA adapters, their gradients and AdamW moments
 in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path; SDPA attention;
-non-reentrant checkpointing of every decoder layer; train_ddp.py's full-vocabulary FP32 cross-entropy
-(over every position, or in checkpointed chunks of --ce-chunk-tokens); DDP with
+non-reentrant checkpointing of every Nth decoder layer (--ckpt-every N, 0: none), the checkpointed layers'
+inputs kept on the GPU or offloaded to pinned host memory (--ckpt-offload); train_ddp.py's full-vocabulary
+FP32 cross-entropy (over every position, or in checkpointed chunks of --ce-chunk-tokens); DDP with
 gradient_as_bucket_view=True; every sample padded to --seq-len and every position a target (the worst case).
+
+The layout options (--micro-batch, --ckpt-every, --ckpt-offload, --ce-chunk-tokens) are train_ddp.py's
+MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS, with the same defaults; they
+describe every layout that train_ddp.py's MEMORY_TARGET_GIB planner (plan_for_memory_target) can choose.
 """
 import argparse
 import json
@@ -23,6 +29,7 @@ import math
 import re
 import struct
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 GB, GiB = 1e9, 2**30
@@ -41,6 +48,29 @@ DDP_BUCKET_BYTES = 25 * 2**20   # DDP's default bucket_cap_mb
 # cuBLAS workspaces come from PyTorch's caching allocator (so they count in max_memory_allocated): 32 MiB
 # each on Hopper, one per handle, i.e. one for the forward thread and one for autograd's backward thread.
 CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
+
+
+# ---------------------------------------------------------------- layout
+
+@dataclass(frozen=True)
+class Layout:
+    """How each GPU runs its samples: train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD
+    and CE_CHUNK_TOKENS, with their defaults. The CLI, the planner and the trainer all speak it."""
+    micro_batch: int = 1         # samples per GPU per forward
+    ckpt_every: int = 1          # checkpoint the decoder layers whose index is a multiple of this (0: none)
+    offload: bool = False        # checkpointed layers keep their BF16 input in pinned host memory, not on the GPU
+    ce_chunk_tokens: int = 1024  # loss over target positions in checkpointed chunks this long (0: all logits at once)
+
+    def __post_init__(self):
+        wrong = [f"{name} must be {rule} (got {value})" for name, value, ok, rule in (
+            ("micro_batch", self.micro_batch, self.micro_batch >= 1, ">= 1"),
+            ("ckpt_every", self.ckpt_every, self.ckpt_every >= 0, ">= 0 (0: no checkpointing)"),
+            ("ce_chunk_tokens", self.ce_chunk_tokens, self.ce_chunk_tokens >= 0, ">= 0 (0: no chunking)")) if not ok]
+        if wrong:
+            raise ValueError("; ".join(wrong))
+
+
+DEFAULT_LAYOUT = Layout()  # train_ddp.py's defaults
 
 
 # ---------------------------------------------------------------- shapes, never weights
@@ -224,9 +254,11 @@ def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, l
 
 # ---------------------------------------------------------------- the estimate
 
-def _activations(param_shapes: dict, text_config: dict, lora: dict, *, seq_len: int, micro_batch: int, tp: int,
-                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool, ce_chunk_tokens: int) -> dict:
-    """Activation memory of one micro-batch (bytes per GPU), term by term."""
+def _activations(param_shapes: dict, text_config: dict, lora: dict, layout: Layout, *, seq_len: int, tp: int,
+                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool) -> dict:
+    """Activation memory of one micro-batch (bytes per GPU), term by term, before checkpointing decides
+    which of the per-layer figures stay."""
+    micro_batch, ce_chunk_tokens = layout.micro_batch, layout.ce_chunk_tokens
     tokens = micro_batch * seq_len
     ce_tokens = min(tokens, ce_chunk_tokens) if ce_chunk_tokens > 0 else tokens
     embed_name = next(n for n in param_shapes if n.endswith("embed_tokens.weight"))
@@ -278,12 +310,13 @@ def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, st
                      f"{card / GiB:.1f} GiB card: split layers (pipeline) or matrices (tensor parallel, --tp)")
 
 
-def estimate(param_shapes: dict, text_config: dict, *, seq_len: int, micro_batch: int, world_size: int = 1,
-             tp: int = 1, lora_r: int = 16, targets=DEFAULT_TARGETS, grad_ckpt: bool = True, full: bool = False,
+def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: int, world_size: int = 1,
+             tp: int = 1, lora_r: int = 16, targets=DEFAULT_TARGETS, full: bool = False,
              train_embeddings: bool = False, gpu_mem_gb: float = 80.0, bus_bw_gbps: float = 100.0,
-             accum: int = 1, lora_dropout: float = 0.05, ce_chunk_tokens: int = 0, offload: bool = False) -> dict:
-    """Per-GPU memory, all-reduce and batch figures. "peak_bytes" predicts torch.cuda.max_memory_allocated()
-    after optimizer step 3 (allocator margin excluded); "peak_breakdown" adds up to it.
+             accum: int = 1, lora_dropout: float = 0.05) -> dict:
+    """Per-GPU memory, all-reduce and batch figures for one layout. "peak_bytes" predicts
+    torch.cuda.max_memory_allocated() after optimizer step 3 (allocator margin excluded); "peak_breakdown"
+    adds up to it.
 
     With TP every rank is taken to hold 1/tp of each weight and of the attention/MLP activations, while
     hidden-size activations and the gathered logits stay whole (no sequence parallelism)."""
@@ -308,100 +341,119 @@ def estimate(param_shapes: dict, text_config: dict, *, seq_len: int, micro_batch
     emb_copy = 0 if full or not train_embeddings else (1 if tied else 2) * vocab * hidden
     emb_bytes = emb_copy * DTYPE_BYTES[embed_dtype]
 
-    b = {}  # bytes per GPU that persist across steps
+    persistent = {}  # bytes per GPU that persist across steps: weights, gradients, optimizer state
     if full:
-        b["weights (BF16)"] = 2 * n_params / tp
-        b["gradients (BF16)"] = 2 * n_params / tp
-        b["AdamW: FP32 master + 2 moments"] = 12 * n_params / tp
+        persistent["weights (BF16)"] = 2 * n_params / tp
+        persistent["gradients (BF16)"] = 2 * n_params / tp
+        persistent["AdamW: FP32 master + 2 moments"] = 12 * n_params / tp
     else:
         also = f" + embedding copy {embed_dtype}" if emb_copy else ""
-        b["frozen weights"] = sum(_numel(s) * DTYPE_BYTES[d] for s, d in param_shapes.values()) / tp
-        b[f"adapter weights (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
-        b[f"gradients (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
-        b[f"AdamW state (2 x FP32{also})"] = (8 * n_lora + 2 * emb_bytes) / tp
-    grad_bytes = next(v for k, v in b.items() if k.startswith("gradients"))
+        persistent["frozen weights"] = sum(_numel(s) * DTYPE_BYTES[d] for s, d in param_shapes.values()) / tp
+        persistent[f"adapter weights (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
+        persistent[f"gradients (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
+        persistent[f"AdamW state (2 x FP32{also})"] = (8 * n_lora + 2 * emb_bytes) / tp
+    grad_bytes = next(v for k, v in persistent.items() if k.startswith("gradients"))
 
-    a = _activations(param_shapes, text_config, lora, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                     lora_r=lora_r, lora_dropout=lora_dropout, full=full, train_embeddings=train_embeddings,
-                     ce_chunk_tokens=ce_chunk_tokens)
+    activations = _activations(param_shapes, text_config, lora, layout, seq_len=seq_len, tp=tp, lora_r=lora_r,
+                               lora_dropout=lora_dropout, full=full, train_embeddings=train_embeddings)
     # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
-    # inside a layer's backward (recomputed first when checkpointing). grad_ckpt=n checkpoints the layers
+    # inside a layer's backward (recomputed first when checkpointing). ckpt_every=n checkpoints the layers
     # whose index is a multiple of n (transformers' every_n_layers): they keep only their BF16 input,
     # in pinned host memory with offload.
-    every = int(grad_ckpt)
-    boundary = 0 if offload else a["boundaries"] / len(a["layers"])
+    every = layout.ckpt_every
+    boundary = 0 if layout.offload else activations["boundaries"] / len(activations["layers"])
     kept = sum(boundary if every and i % every == 0 else saved + cast
-               for i, (saved, cast) in enumerate(zip(a["layers"], a["casts"]))) + a["masks"]
+               for i, (saved, cast) in enumerate(zip(activations["layers"], activations["casts"]))) \
+        + activations["masks"]
     phases = {
-        "cross-entropy backward": {"saved activations": kept + a["final_norm"],
-                                   "logits + cross-entropy buffers": a["logits_ce"]},
-        "decoder-layer backward": {"saved activations": kept, "one layer's recompute + backward": a["transient"]
-                                   + (a["one_layer"] if every else 0)},
+        "cross-entropy backward": {"saved activations": kept + activations["final_norm"],
+                                   "logits + cross-entropy buffers": activations["logits_ce"]},
+        "decoder-layer backward": {"saved activations": kept,
+                                   "one layer's recompute + backward": activations["transient"]
+                                   + (activations["one_layer"] if every else 0)},
     }
     peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
-    breakdown = {**b, "DDP buckets (views of the gradients)": 0, "cuBLAS workspaces": CUBLAS_WORKSPACE_BYTES,
+    breakdown = {**persistent, "DDP buckets (views of the gradients)": 0, "cuBLAS workspaces": CUBLAS_WORKSPACE_BYTES,
                  **phases[peak_phase]}
     peak = sum(breakdown.values())
     margin = FRAGMENTATION * peak + CUDA_CONTEXT_BYTES + (NCCL_BYTES if world_size > 1 else 0)
     card, total = gpu_mem_gb * GiB, peak + margin
-    state = grad_bytes + sum(v for k, v in b.items() if k.startswith("AdamW"))
+    state = grad_bytes + sum(v for k, v in persistent.items() if k.startswith("AdamW"))
     strategy, reason = _strategy(total, state, card, dp)
     ring = 2 * (dp - 1) / dp
     return {
-        "settings": dict(seq_len=seq_len, micro_batch=micro_batch, accum=accum, world_size=world_size, tp=tp,
-                         dp=dp, lora_r=lora_r, lora_dropout=lora_dropout, targets=targets, grad_ckpt=grad_ckpt,
-                         ce_chunk_tokens=ce_chunk_tokens, offload=offload,
+        "settings": dict(seq_len=seq_len, micro_batch=layout.micro_batch, accum=accum, world_size=world_size, tp=tp,
+                         dp=dp, lora_r=lora_r, lora_dropout=lora_dropout, targets=targets,
+                         ckpt_every=layout.ckpt_every, ce_chunk_tokens=layout.ce_chunk_tokens, offload=layout.offload,
                          full=full, train_embeddings=train_embeddings, gpu_mem_gb=gpu_mem_gb,
                          bus_bw_gbps=bus_bw_gbps),
         "params": {"total": n_params, "by_group": by_group, "by_dtype": by_dtype,
                    "under_language_model": sum(_numel(s) for n, (s, _) in param_shapes.items()
                                                if "language_model." in n),
-                   "vocab": vocab, "hidden": hidden, "layers": len(a["layers"]), "tied_embeddings": tied},
+                   "vocab": vocab, "hidden": hidden, "layers": len(activations["layers"]), "tied_embeddings": tied},
         "lora_params": n_lora, "lora_modules": len(lora), "trainable_params": n_params if full else n_lora + emb_copy,
-        "bytes": b, "grad_bytes": grad_bytes,
-        "activations_ckpt_bytes": a["boundaries"] + a["masks"] + a["one_layer"] + a["transient"],
-        "activations_no_ckpt_bytes": a["all_layers"] + a["masks"],
-        "activation_terms": a["terms"], "layer_saved_bytes": a["layers"], "logits_ce_bytes": a["logits_ce"],
+        "bytes": persistent, "grad_bytes": grad_bytes,
+        "activations_ckpt_bytes": activations["boundaries"] + activations["masks"] + activations["one_layer"]
+        + activations["transient"],
+        "activations_no_ckpt_bytes": activations["all_layers"] + activations["masks"],
+        "activation_terms": activations["terms"], "layer_saved_bytes": activations["layers"],
+        "logits_ce_bytes": activations["logits_ce"],
         "peak_phase": peak_phase, "peak_breakdown": breakdown, "peak_bytes": peak,
         "allocator_margin_bytes": margin, "total_bytes": total, "card_bytes": card, "fits": total <= card,
         "strategy": strategy, "strategy_reason": reason,
         "ddp_buckets": math.ceil(grad_bytes / DDP_BUCKET_BYTES),
         "allreduce_ring_factor": ring, "allreduce_bytes": grad_bytes * ring,
         "allreduce_seconds": grad_bytes * ring / (bus_bw_gbps * GB),
-        "global_batch": micro_batch * accum * dp,
+        "global_batch": layout.micro_batch * accum * dp,
         "full_finetune_bytes": full_finetune_bytes(n_params),
     }
 
 
-# ---------------------------------------------------------------- report
+# ---------------------------------------------------------------- the planner (train_ddp.py's MEMORY_TARGET_GIB)
 
 PREDICTION_MARGIN = 0.02  # measured on the H200: predictions 0.4-1.5% below max_memory_allocated (README)
+
+
+def candidate_layouts(samples_per_step: int) -> list[Layout]:
+    """Every layout the planner may choose for `samples_per_step` samples per GPU per optimizer step, fastest
+    first. Speed order, from the H200 measurements: less recomputation first (no checkpointing, then every
+    4th, 2nd, every layer, then every layer with its input offloaded to host memory), then larger
+    micro-batches (dividing samples_per_step), then larger loss chunks."""
+    return [Layout(micro_batch=micro, ckpt_every=every, offload=offload, ce_chunk_tokens=chunk)
+            for every, offload in ((0, False), (4, False), (2, False), (1, False), (1, True))
+            for micro in (8, 4, 2, 1) if samples_per_step % micro == 0
+            for chunk in (1024, 256, 64)]
 
 
 def plan_for_memory_target(param_shapes: dict, text_config: dict, target_gib: float, *, seq_len: int,
                            samples_per_step: int, **kwargs) -> dict:
     """The fastest layout predicted to fit `target_gib` of allocated memory per GPU, for a fixed number of
-    samples per GPU per optimizer step (so the global batch, hence the training, is unchanged).
-
-    Speed order, from the H200 measurements: less recomputation first (no checkpointing, then every
-    4th, 2nd, every layer, then every layer with its input offloaded to host memory), then larger
-    micro-batches, then larger loss chunks."""
-    tried = []
-    for every, offload in ((0, False), (4, False), (2, False), (1, False), (1, True)):
-        for micro in (m for m in (8, 4, 2, 1) if samples_per_step % m == 0):
-            for chunk in (1024, 256, 64):
-                r = estimate(param_shapes, text_config, seq_len=seq_len, micro_batch=micro, grad_ckpt=every,
-                             ce_chunk_tokens=chunk, accum=samples_per_step // micro, offload=offload, **kwargs)
-                tried.append(r["peak_bytes"])
-                if r["peak_bytes"] * (1 + PREDICTION_MARGIN) <= target_gib * GiB:
-                    return {"micro_batch": micro, "accum": samples_per_step // micro, "grad_ckpt": every,
-                            "offload": offload, "ce_chunk_tokens": chunk, "peak_bytes": r["peak_bytes"]}
+    samples per GPU per optimizer step (so the global batch, hence the training, is unchanged):
+    {"layout": Layout, "accum": samples_per_step // micro_batch, "peak_bytes": its predicted peak}.
+    kwargs go to estimate() (world_size, lora_r, targets, ...)."""
+    smallest = math.inf
+    for layout in candidate_layouts(samples_per_step):
+        accum = samples_per_step // layout.micro_batch
+        peak = estimate(param_shapes, text_config, layout, seq_len=seq_len, accum=accum, **kwargs)["peak_bytes"]
+        smallest = min(smallest, peak)
+        if peak * (1 + PREDICTION_MARGIN) <= target_gib * GiB:
+            return {"layout": layout, "accum": accum, "peak_bytes": peak}
     raise ValueError(f"no layout fits {target_gib} GiB per GPU at {seq_len} tokens: the smallest needs "
-                     f"{min(tried) / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs")
+                     f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs")
 
+
+# ---------------------------------------------------------------- report
 
 def _count(n: float) -> str:
     return f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M" if n >= 1e5 else f"{n:,.0f}"
+
+
+def _describe_checkpointing(every: int, offload: bool) -> str:
+    if not every:
+        return "no gradient checkpointing"
+    suffix = "th" if 10 <= every % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(every % 10, "th")
+    nth = "" if every == 1 else f"{every}{suffix} "
+    return f"gradient checkpointing of every {nth}layer" + (" (inputs offloaded to host)" if offload else "")
 
 
 def format_report(result: dict) -> str:
@@ -416,8 +468,10 @@ def format_report(result: dict) -> str:
     if not s["full"]:
         out.append(f"LoRA r={s['lora_r']} on {result['lora_modules']} modules (targets {s['targets']!r}): "
                    f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)")
-    out.append(f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, gradient checkpointing "
-               f"{'on' if s['grad_ckpt'] else 'off'}, TP {s['tp']}, DP {s['dp']}")
+    out.append(f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, "
+               f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
+               + (f"loss in chunks of {s['ce_chunk_tokens']} tokens" if s["ce_chunk_tokens"] else "loss over all logits")
+               + f", TP {s['tp']}, DP {s['dp']}")
     out += [row(k, v) for k, v in result["peak_breakdown"].items()]
     out.append(row("predicted peak = torch.cuda.max_memory_allocated()", result["peak_bytes"])
                + f"  (in {result['peak_phase']})")
@@ -447,14 +501,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DP = world size / TP)")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sample after padding")
-    ap.add_argument("--micro-batch", type=int, default=1)
-    ap.add_argument("--accum", type=int, default=8, help="gradient accumulation steps")
+    ap.add_argument("--micro-batch", type=int, default=DEFAULT_LAYOUT.micro_batch,
+                    help="samples per GPU per forward (train_ddp.py's MICRO_BATCH)")
+    ap.add_argument("--accum", type=int, default=8, help="gradient accumulation steps (ACCUM_STEPS)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-dropout", type=float, default=0.05)
     ap.add_argument("--targets", default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"')
-    ap.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off")
-    ap.add_argument("--ce-chunk-tokens", type=int, default=1024,
-                    help="loss in checkpointed chunks of this many target tokens (0: all logits at once)")
+    ap.add_argument("--ckpt-every", type=int, default=DEFAULT_LAYOUT.ckpt_every, metavar="N",
+                    help="gradient checkpointing of every Nth decoder layer, 0: none (GRADIENT_CHECKPOINTING)")
+    ap.add_argument("--no-grad-ckpt", dest="ckpt_every", action="store_const", const=0,
+                    default=DEFAULT_LAYOUT.ckpt_every, help="no gradient checkpointing (= --ckpt-every 0)")
+    ap.add_argument("--ckpt-offload", action="store_true", default=DEFAULT_LAYOUT.offload,
+                    help="checkpointed layers keep their input in pinned host memory (CHECKPOINT_OFFLOAD)")
+    ap.add_argument("--ce-chunk-tokens", type=int, default=DEFAULT_LAYOUT.ce_chunk_tokens,
+                    help="loss in checkpointed chunks of this many target tokens, 0: all logits at once "
+                         "(CE_CHUNK_TOKENS)")
     ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     ap.add_argument("--train-embeddings", action="store_true",
                     help="embed_tokens/lm_head trainable (PEFT modules_to_save)")
@@ -464,15 +525,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    """The layout the command line describes."""
+    return Layout(micro_batch=args.micro_batch, ckpt_every=args.ckpt_every, offload=args.ckpt_offload,
+                  ce_chunk_tokens=args.ce_chunk_tokens)
+
+
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
-    shapes = param_shapes_from_path(a.model)
-    result = estimate(shapes, load_config(a.model), seq_len=a.seq_len, micro_batch=a.micro_batch,
-                      world_size=a.gpus_per_node * a.nodes, tp=a.tp, lora_r=a.lora_r, targets=a.targets,
-                      grad_ckpt=not a.no_grad_ckpt, full=a.full, train_embeddings=a.train_embeddings,
-                      gpu_mem_gb=a.gpu_mem_gb, bus_bw_gbps=a.bus_bw_gbps, accum=a.accum,
-                      lora_dropout=a.lora_dropout, ce_chunk_tokens=a.ce_chunk_tokens)
-    print(json.dumps(result, indent=2) if a.json else f"{a.model}\n{format_report(result)}")
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        layout = layout_from_args(args)
+    except ValueError as e:
+        ap.error(str(e))
+    shapes = param_shapes_from_path(args.model)
+    result = estimate(shapes, load_config(args.model), layout, seq_len=args.seq_len,
+                      world_size=args.gpus_per_node * args.nodes, tp=args.tp, lora_r=args.lora_r, targets=args.targets,
+                      full=args.full, train_embeddings=args.train_embeddings, gpu_mem_gb=args.gpu_mem_gb,
+                      bus_bw_gbps=args.bus_bw_gbps, accum=args.accum, lora_dropout=args.lora_dropout)
+    print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0
 
 

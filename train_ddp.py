@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+import attention
 import run_record
 from collate import IGNORE_INDEX, PadCollate
 
@@ -93,6 +94,9 @@ CHECKPOINT_OFFLOAD = env("CHECKPOINT_OFFLOAD", False)  # keep checkpointed layer
 # MICRO_BATCH*ACCUM_STEPS), GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS: the fastest
 # layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
 MEMORY_TARGET_GIB = env("MEMORY_TARGET_GIB", 0.0)
+# Global layers (head_dim 512) of right-padded batches: "auto" = ffpa on a GPU with ffpa-attn installed, else
+# sdpa (causal, no dense mask); or "ffpa", "flex", "sdpa" (attention.py). Sliding layers always use SDPA.
+ATTENTION_KERNEL = env("ATTENTION_KERNEL", "auto")
 COMPILE_LAYERS = env("COMPILE_LAYERS", False)  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 1024)  # loss over target positions only, in chunks; 0 = full FP32 logits
 LORA_BF16_INPUTS = env("LORA_BF16_INPUTS", True)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
@@ -107,7 +111,7 @@ SAVE_EVERY = env("SAVE_EVERY", 0)  # optimizer steps between checkpoints (0: onl
 KEEP_CHECKPOINTS = env("KEEP_CHECKPOINTS", 2)  # newest periodic checkpoints kept (at least 1)
 RESUME = env("RESUME", "auto")  # "auto": newest intact checkpoint of this run in OUTPUT_DIR; "": never; or a path
 RESUME_ALLOW_CHANGES = env("RESUME_ALLOW_CHANGES", False)  # continue a checkpoint of other settings (LR, EPOCHS, data)
-SAVE_ON_SIGTERM = env("SAVE_ON_SIGTERM", False)  # SIGTERM/Ctrl-C: finish the step, checkpoint, exit 0 (off: die at once)
+SAVE_ON_SIGTERM = env("SAVE_ON_SIGTERM", True)  # SIGTERM/Ctrl-C: finish the step, checkpoint, exit 0 (0: die at once)
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
 DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # after step 1: a collective stuck this long ends the job with a report
@@ -135,6 +139,7 @@ ALLOWED = {
     "KEEP_CHECKPOINTS": (lambda v: v >= 1, ">= 1"), "NAN_POLICY": (lambda v: v in ("skip", "stop"), "skip or stop"),
     "DRIFT_CHECK_EVERY": (lambda v: v >= 0, ">= 0"), "DIST_TIMEOUT_S": (lambda v: v > 0, "> 0"),
     "DIST_INIT_TIMEOUT_S": (lambda v: v > 0, "> 0"),
+    "ATTENTION_KERNEL": (lambda v: v in attention.KERNELS, " or ".join(attention.KERNELS)),
 }
 
 
@@ -558,12 +563,15 @@ def load_model(device: torch.device):
         hf_logging.disable_progress_bar()  # the weight-loading bar once, on rank 0
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    implementation = attention.register(attention.choose(ATTENTION_KERNEL, device)[0])
     if MODEL_CONFIG:  # random weights, same on every rank (same seed); DDP broadcasts rank 0's anyway
         torch.manual_seed(SEED)
         with device:
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_CONFIG), dtype=dtype)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_CONFIG), dtype=dtype,
+                                                     attn_implementation=implementation)
     else:
-        model = AutoModelForCausalLM.from_pretrained(MODEL_ID, dtype=dtype, device_map={"": device})
+        model = AutoModelForCausalLM.from_pretrained(MODEL_ID, dtype=dtype, device_map={"": device},
+                                                     attn_implementation=implementation)
     model.config.use_cache = False
     return model
 
@@ -613,8 +621,9 @@ class CausalLMLoss(torch.nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def forward(self, input_ids, attention_mask, labels):
-        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    def forward(self, input_ids, attention_mask, labels, right_padded=False):
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                              right_padded=right_padded).last_hidden_state
         hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
         n_targets = (targets != IGNORE_INDEX).sum()
         if CE_CHUNK_TOKENS <= 0:
@@ -657,6 +666,14 @@ def check_replicas_identical(model, step: int) -> str:
     return mine
 
 
+def on_device(batch: dict, device: torch.device) -> dict:
+    """The batch on `device`, with right_padded checked on the CPU copy (no GPU sync): only then may the
+    global layers drop the dense mask for a causal kernel (attention.py)."""
+    mask = batch["attention_mask"]
+    right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all())
+    return {**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, "right_padded": right_padded}
+
+
 def autocast(device: torch.device):
     """bf16 autocast on GPU (adapters stay FP32, no GradScaler needed); plain FP32 on CPU."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -679,7 +696,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
     scale = dist.get_world_size() / max(n_targets, 1.0)
     local_loss = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(micro_batches):
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = on_device(batch, device)
         # Micro-batches 1..A-1: forward AND backward inside no_sync (no communication); the last one
         # runs outside, so DDP does one bucketed all-reduce, overlapped with its backward.
         sync_context = nullcontext() if i == len(micro_batches) - 1 else model.no_sync()
@@ -726,7 +743,7 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
     loss, targets = 0.0, 0
     for batch in loader:
         with autocast(device):
-            s, n = model.module(**{k: v.to(device) for k, v in batch.items()})
+            s, n = model.module(**on_device(batch, device))
         loss, targets = loss + float(s), targets + int(n)
     model.train(was_training)
     loss, targets = all_reduce_sum([loss, targets], device)
@@ -870,10 +887,12 @@ def predicted_peak_gib(peft_model, seq_len: int) -> float:
     import memory_budget
 
     base = peft_model.get_base_model()
+    layout = memory_budget.Layout(micro_batch=MICRO_BATCH, ckpt_every=GRADIENT_CHECKPOINTING,
+                                  offload=CHECKPOINT_OFFLOAD, ce_chunk_tokens=CE_CHUNK_TOKENS)
     result = memory_budget.estimate(
-        memory_budget.param_shapes_from_model(base), base.config.to_dict(), seq_len=seq_len, micro_batch=MICRO_BATCH, world_size=dist.get_world_size(),
-        lora_r=LORA_R, targets=LORA_TARGETS, grad_ckpt=GRADIENT_CHECKPOINTING, accum=ACCUM_STEPS,
-        lora_dropout=LORA_DROPOUT, ce_chunk_tokens=CE_CHUNK_TOKENS, offload=CHECKPOINT_OFFLOAD)
+        memory_budget.param_shapes_from_model(base), base.config.to_dict(), layout, seq_len=seq_len,
+        world_size=dist.get_world_size(), lora_r=LORA_R, targets=LORA_TARGETS, accum=ACCUM_STEPS,
+        lora_dropout=LORA_DROPOUT)
     return result["peak_bytes"] / 2**30
 
 
@@ -890,12 +909,26 @@ def apply_memory_target() -> None:
             lora_r=LORA_R, targets=LORA_TARGETS, lora_dropout=LORA_DROPOUT)
     except ValueError as e:
         raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
-    MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = plan["micro_batch"], plan["accum"], plan["grad_ckpt"]
-    CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = plan["offload"], plan["ce_chunk_tokens"]
+    layout = plan["layout"]
+    MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = layout.micro_batch, plan["accum"], layout.ckpt_every
+    CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = layout.offload, layout.ce_chunk_tokens
     SOURCES.update(dict.fromkeys(["MICRO_BATCH", "ACCUM_STEPS", "GRADIENT_CHECKPOINTING", "CHECKPOINT_OFFLOAD",
                                   "CE_CHUNK_TOKENS"], "planner"))
     if int(os.environ["RANK"]) == 0:
         print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB", flush=True)
+
+
+def choose_attention_kernel() -> None:
+    """ATTENTION_KERNEL=auto becomes the kernel this machine runs (same on every rank); said once."""
+    global ATTENTION_KERNEL
+    requested = ATTENTION_KERNEL
+    try:
+        ATTENTION_KERNEL, line = attention.choose(requested, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    except ValueError as e:
+        raise InputError(f"ATTENTION_KERNEL={requested}: {e}") from None
+    if requested == "auto":
+        SOURCES["ATTENTION_KERNEL"] = "planner"
+    rank0_print(line)
 
 
 def effective_settings() -> dict:
@@ -967,6 +1000,7 @@ def main() -> None:
             raise InputError(str(e)) from None
     if MEMORY_TARGET_GIB > 0:
         apply_memory_target()
+    choose_attention_kernel()
     conversations = load_conversations(DATA_PATH)
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)

@@ -64,8 +64,10 @@ def header_only_12b(tmp_path_factory, shapes_12b):
     return folder
 
 
-def budget(shapes, text, **kw):
-    return mb.estimate(shapes, text, **{"seq_len": 2048, "micro_batch": 1, **kw})
+def budget(shapes, text, *, micro_batch=1, ckpt_every=1, offload=False, ce_chunk_tokens=0, **kw):
+    """SPEC's reference layout unless told otherwise: every layer checkpointed, the loss over all logits."""
+    layout = mb.Layout(micro_batch=micro_batch, ckpt_every=ckpt_every, offload=offload, ce_chunk_tokens=ce_chunk_tokens)
+    return mb.estimate(shapes, text, layout, **{"seq_len": 2048, **kw})
 
 
 # ---------------------------------------------------------------- SPEC's figures, 12B
@@ -127,7 +129,7 @@ def test_logits_and_cross_entropy_buffers_are_6_to_9_gb_at_2048(shapes_12b, text
 
 
 def test_checkpointing_trades_activations(shapes_12b, text_12b):
-    on, off = budget(shapes_12b, text_12b), budget(shapes_12b, text_12b, grad_ckpt=False)
+    on, off = budget(shapes_12b, text_12b), budget(shapes_12b, text_12b, ckpt_every=0)
     assert on["activations_ckpt_bytes"] < 0.1 * on["activations_no_ckpt_bytes"]
     assert off["peak_bytes"] - on["peak_bytes"] > 25 * GB
     assert sum(on["activation_terms"].values()) == sum(on["layer_saved_bytes"])
@@ -228,7 +230,7 @@ def test_hub_id_uses_header_metadata_only(monkeypatch, tiny_model_path):
 def test_lora_count_equals_peft(tiny_model_path, targets, r):
     shapes = mb.param_shapes_from_path(tiny_model_path)
     text = mb.load_config(tiny_model_path)["text_config"]
-    ours = mb.estimate(shapes, text, seq_len=64, micro_batch=1, lora_r=r, targets=targets)["lora_params"]
+    ours = mb.estimate(shapes, text, mb.Layout(), seq_len=64, lora_r=r, targets=targets)["lora_params"]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     peft = get_peft_model(model, LoraConfig(r=r, target_modules=targets))
     assert ours == peft.get_nb_trainable_parameters()[0]
@@ -237,7 +239,7 @@ def test_lora_count_equals_peft(tiny_model_path, targets, r):
 def test_trainable_embeddings_equal_peft_modules_to_save(tiny_model_path):
     shapes = mb.param_shapes_from_path(tiny_model_path)
     text = mb.load_config(tiny_model_path)["text_config"]
-    ours = mb.estimate(shapes, text, seq_len=64, micro_batch=1, train_embeddings=True)["trainable_params"]
+    ours = mb.estimate(shapes, text, mb.Layout(), seq_len=64, train_embeddings=True)["trainable_params"]
     config = LoraConfig(r=16, target_modules=mb.DEFAULT_TARGETS, modules_to_save=["embed_tokens", "lm_head"],
                         ensure_weight_tying=True)
     peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path), config)
@@ -247,7 +249,7 @@ def test_trainable_embeddings_equal_peft_modules_to_save(tiny_model_path):
 def test_targets_matching_nothing_are_an_error(tiny_model_path):
     shapes = mb.param_shapes_from_path(tiny_model_path)
     with pytest.raises(ValueError, match="match no Linear"):
-        mb.estimate(shapes, {"num_attention_heads": 4}, seq_len=64, micro_batch=1, targets=r".*nothing")
+        mb.estimate(shapes, {"num_attention_heads": 4}, mb.Layout(), seq_len=64, targets=r".*nothing")
 
 
 # ---------------------------------------------------------------- activation model vs autograd
@@ -285,7 +287,8 @@ def test_saved_activations_match_autograd_on_cpu():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
     measured = sum(v for k, v in where.items() if k != "outside")
-    r = mb.estimate(shapes, cfg.text_config.to_dict(), seq_len=256, micro_batch=2, lora_r=8, lora_dropout=0.0)
+    r = mb.estimate(shapes, cfg.text_config.to_dict(), mb.Layout(micro_batch=2), seq_len=256, lora_r=8,
+                    lora_dropout=0.0)
     predicted = sum(r["layer_saved_bytes"]) + 2 * r["lora_params"]  # + autocast's BF16 adapter copies
     assert predicted == pytest.approx(measured, rel=0.02)
 
@@ -313,10 +316,65 @@ def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
     d = mb.parser().parse_args(["model"])
     assert (d.seq_len, d.micro_batch, d.accum, d.lora_r, d.lora_dropout, d.ce_chunk_tokens, d.targets) == \
         (T.MAX_LEN, T.MICRO_BATCH, T.ACCUM_STEPS, T.LORA_R, T.LORA_DROPOUT, T.CE_CHUNK_TOKENS, T.LORA_TARGETS)
-    assert not d.no_grad_ckpt and T.GRADIENT_CHECKPOINTING == 1
+    assert (d.ckpt_every, d.ckpt_offload) == (T.GRADIENT_CHECKPOINTING, T.CHECKPOINT_OFFLOAD) == (1, False)
+    trainers = mb.Layout(micro_batch=T.MICRO_BATCH, ckpt_every=T.GRADIENT_CHECKPOINTING,
+                         offload=T.CHECKPOINT_OFFLOAD, ce_chunk_tokens=T.CE_CHUNK_TOKENS)
+    assert mb.layout_from_args(d) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
     mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
     strategy = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Strategy:"))
     assert "GiB of the 80.0 GiB card" in strategy and " GB" not in strategy
+
+
+def cli_options(layout: mb.Layout, accum: int) -> list[str]:
+    """The command-line options that describe `layout`, written out by hand."""
+    return ["--micro-batch", str(layout.micro_batch), "--accum", str(accum), "--ckpt-every", str(layout.ckpt_every),
+            *(["--ckpt-offload"] if layout.offload else []), "--ce-chunk-tokens", str(layout.ce_chunk_tokens)]
+
+
+def test_cli_options_describe_every_layout_the_planner_can_choose():
+    candidates = mb.candidate_layouts(8)
+    assert len(candidates) == 5 * 4 * 3 and len(set(candidates)) == len(candidates)
+    for layout in candidates:
+        args = mb.parser().parse_args(["model", *cli_options(layout, 8 // layout.micro_batch)])
+        assert mb.layout_from_args(args) == layout
+    assert mb.parser().parse_args(["model", "--no-grad-ckpt"]).ckpt_every == 0
+
+
+PLAN_TARGETS_GIB = (25, 30, 40, 45, 50, 60, 130)
+
+
+@pytest.mark.parametrize("target_gib", PLAN_TARGETS_GIB)
+def test_cli_predicts_the_peak_of_each_planned_layout(capsys, shapes_12b, target_gib):
+    """train_ddp.py's MEMORY_TARGET_GIB path (the planner) and the CLI with the plan's layout agree."""
+    plan = mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), target_gib, seq_len=2048,
+                                     samples_per_step=8)
+    assert plan["peak_bytes"] * (1 + mb.PREDICTION_MARGIN) <= target_gib * GiB
+    layout = plan["layout"]
+    assert plan["accum"] * layout.micro_batch == 8
+    assert mb.main([str(CONFIG_12B), "--json", "--seq-len", "2048", *cli_options(layout, plan["accum"])]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["peak_bytes"] == plan["peak_bytes"] and r["global_batch"] == 8
+    assert {k: r["settings"][k] for k in ("micro_batch", "ckpt_every", "offload", "ce_chunk_tokens")} == \
+        vars(layout)
+
+
+def test_planner_choices_span_the_layouts(shapes_12b):
+    """PLAN_TARGETS_GIB reach offload, checkpointing of every layer / 2nd / 4th / none, micro-batches 1, 2
+    and 8, loss chunks of 256 and 1024."""
+    plans = {t: mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), t, seq_len=2048,
+                                          samples_per_step=8)["layout"] for t in PLAN_TARGETS_GIB}
+    assert {p.ckpt_every for p in plans.values()} == {0, 1, 2, 4}
+    assert plans[25].offload and {p.micro_batch for p in plans.values()} == {1, 2, 8}
+    assert {p.ce_chunk_tokens for p in plans.values()} == {256, 1024}
+    with pytest.raises(ValueError, match="no layout fits 20 GiB"):
+        mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), 20, seq_len=2048, samples_per_step=8)
+
+
+def test_cli_rejects_an_impossible_layout(capsys):
+    for bad in (["--micro-batch", "0"], ["--ckpt-every", "-1"], ["--ce-chunk-tokens", "-64"]):
+        with pytest.raises(SystemExit):
+            mb.main([str(CONFIG_12B), *bad])
+        assert "must be" in capsys.readouterr().err
 
 
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):

@@ -1,0 +1,106 @@
+"""Attention per layer type: a causal kernel without a dense mask for Gemma 4's global layers.
+
+Gemma 4's global (full_attention) layers have head_dim 512, beyond SDPA's flash and cuDNN kernels (256),
+and transformers gives every layer a dense boolean mask. So these layers (8 of 48 in the 12B) run SDPA's
+generic kernel with K/V repeated to every query head: 20.6 ms forward+backward per layer for 2 x 2,048
+tokens on an H200, against 12.8 ms with a causal flag instead of the mask and 4.95 ms with FFPA
+(bench_results/README.md).
+
+A right-padded batch (collate.py pads on the right) needs no mask in a global layer: a real token's keys
+are itself and the tokens before it, all real, which is exactly the causal mask, and padding positions
+come after every real token, so what they compute never reaches a real token or the loss (label -100).
+For such batches the global layers run one of these KERNELS, causal and without a mask:
+  ffpa  ffpa-attn's Triton kernel, K/V not repeated (GPU only; requirements-gpu.txt)
+  flex  torch's flex_attention with a causal block mask and tiles that fit head_dim 512 (GPU only)
+  sdpa  SDPA with is_causal, K/V repeated (anywhere)
+Sliding-window layers, and every batch that is not right-padded (packed or left-padded rows), keep
+transformers' SDPA with its mask. The trainer passes right_padded=True only after checking the batch.
+"""
+import functools
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+KERNELS = ("auto", "ffpa", "flex", "sdpa")
+IMPLEMENTATION = "global_layers_causal"  # the attn_implementation name the model is loaded with
+FLEX_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1}  # the defaults need 262 KB of shared memory at d=512
+
+
+def ffpa_version() -> str | None:
+    try:
+        import ffpa_attn
+    except ImportError:
+        return None
+    return ffpa_attn.__version__
+
+
+def choose(kernel: str, device: torch.device) -> tuple[str, str]:
+    """(the kernel the global layers will use, one line saying which and why). Raises ValueError for a
+    kernel this machine cannot run."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}: allowed {', '.join(KERNELS)}")
+    version = ffpa_version()
+    if kernel in ("ffpa", "flex") and device.type != "cuda":
+        raise ValueError(f"{kernel} needs a CUDA device; this run is on {device.type} (use auto or sdpa)")
+    if kernel == "ffpa" and version is None:
+        raise ValueError("ffpa-attn is not installed: pip install -r requirements-gpu.txt (or use auto)")
+    if kernel == "auto":
+        kernel = "ffpa" if device.type == "cuda" and version else "sdpa"
+        why = {"ffpa": "auto: ffpa-attn is installed",
+               "sdpa": "auto: no CUDA device" if device.type != "cuda" else
+                       "auto: ffpa-attn is not installed (pip install -r requirements-gpu.txt for a 4x faster kernel)"}[kernel]
+    else:
+        why = "requested"
+    name = {"ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
+            "flex": f"flex_attention {FLEX_TILES}", "sdpa": "SDPA is_causal"}[kernel]
+    return kernel, (f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
+                    f"other batches on SDPA with transformers' mask")
+
+
+def register(kernel: str) -> str:
+    """Route the global layers of right-padded batches to `kernel` (from choose()); returns the
+    attn_implementation to load the model with. The masks stay exactly SDPA's."""
+    assert kernel in KERNELS[1:], f"register() takes choose()'s kernel, not {kernel!r}"
+    AttentionInterface.register(IMPLEMENTATION, functools.partial(attention, kernel=kernel))
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    return IMPLEMENTATION
+
+
+def attention(module, query, key, value, attention_mask, *, kernel: str, right_padded: bool = False,
+              sliding_window=None, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' attention interface: (module, q, k, v, mask, **kwargs) -> (output [B, L, H, D], None)."""
+    if not right_padded or sliding_window is not None or dropout > 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, sliding_window=sliding_window,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if kernel == "sdpa":  # no mask: transformers' SDPA path then uses is_causal
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    if kernel == "ffpa":
+        from ffpa_attn import ffpa_attn_func
+
+        out = ffpa_attn_func(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+    else:
+        out = _flex(query, key, value, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(length: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@torch.compiler.disable  # the block mask comes from a Python cache; flex compiles itself
+def _flex(query, key, value, scale):
+    block_mask = _causal_block_mask(query.shape[2], query.device)
+    return _compiled_flex()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True,
+                            kernel_options=FLEX_TILES)

@@ -1,0 +1,158 @@
+"""attention.py: the global layers' mask-free causal kernels compute what transformers' masked SDPA does,
+on right-padded batches only. CPU: the sdpa route in FP32, exactly. GPU (python -m pytest -m gpu):
+ffpa and flex on a 12B-shaped layer pair in BF16, as close to an FP32 reference as SDPA's BF16 path."""
+import copy
+import json
+
+import pytest
+import torch
+
+import attention
+import train_ddp as T
+from collate import IGNORE_INDEX, PadCollate
+from conftest import ROOT, SAMPLE_DATA
+
+
+def right_padded_batch(tokenizer, lengths):
+    """Rows of the sample data cut to `lengths` tokens, right-padded by the trainer's collate."""
+    rows = [T.tokenize_conversation(tokenizer, r, 2048, True) for r in T.load_conversations(str(SAMPLE_DATA))]
+    rows = sorted(rows, key=lambda r: -len(r["input_ids"]))[:len(lengths)]
+    return PadCollate(tokenizer.pad_token_id, 1)([{k: v[:n] for k, v in r.items()} for r, n in zip(rows, lengths)])
+
+
+def left_padded(batch):
+    """The same rows padded on the left: the padding now precedes real tokens."""
+    order = torch.argsort(batch["attention_mask"], dim=1, stable=True)  # zeros (padding) first
+    return {k: torch.gather(v, 1, order) for k, v in batch.items()}
+
+
+def with_lora(model):
+    """LoRA (no dropout) on the text decoder's projections, B non-zero so that every adapter gets a gradient."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=T.LORA_TARGETS))
+    with torch.no_grad():
+        for i, (name, p) in enumerate(sorted(model.named_parameters())):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    return model
+
+
+def loss_and_grads(model, batch, right_padded):
+    model.zero_grad(set_to_none=True)
+    loss, _ = T.CausalLMLoss(model)(**batch, right_padded=right_padded)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for _, p in sorted(model.named_parameters()) if p.grad is not None]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    return with_lora(AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-gemma4"),
+                                                          attn_implementation=attention.register("sdpa"))).train()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(T.MODEL_ID)
+
+
+@pytest.fixture
+def global_layer_masks(monkeypatch):
+    """For each global-layer call: whether SDPA got a mask (None when the causal route was taken)."""
+    seen = []
+    real = attention.sdpa_attention_forward
+
+    def spy(module, q, k, v, mask, sliding_window=None, **kwargs):
+        if sliding_window is None:
+            seen.append(mask is not None)
+        return real(module, q, k, v, mask, sliding_window=sliding_window, **kwargs)
+    monkeypatch.setattr(attention, "sdpa_attention_forward", spy)
+    return seen
+
+
+def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_mask(tokenizer, tiny_model,
+                                                                                    global_layer_masks):
+    batch = right_padded_batch(tokenizer, [300, 170, 60])  # longer than the sliding window (128), and padded
+    assert T.on_device(batch, torch.device("cpu"))["right_padded"]
+    masked = loss_and_grads(tiny_model, batch, right_padded=False)
+    assert global_layer_masks == [True] and global_layer_masks.clear() is None
+    causal = loss_and_grads(tiny_model, batch, right_padded=True)
+    assert global_layer_masks == [False]  # the global layer really ran without a mask
+    torch.testing.assert_close(causal[0], masked[0], rtol=1e-6, atol=0)
+    assert len(causal[1]) == len(masked[1]) == 2 * (7 * 6 - 1)  # A, B of 7 projections x 6 layers; k_eq_v: no v_proj
+    for a, b in zip(causal[1], masked[1]):  # FP32: only the summation order differs
+        assert float((a - b).norm()) <= 1e-5 * float(b.norm())
+
+
+def test_left_padded_rows_keep_the_mask_which_they_need(tokenizer, tiny_model, global_layer_masks):
+    batch = left_padded(right_padded_batch(tokenizer, [300, 170, 60]))
+    inputs = T.on_device(batch, torch.device("cpu"))
+    assert not inputs.pop("right_padded")
+    reference = loss_and_grads(tiny_model, inputs, right_padded=False)
+    assert global_layer_masks == [True]
+    wrong = loss_and_grads(tiny_model, inputs, right_padded=True)  # what a missing check would do
+    worst = max(float((a - b).norm() / b.norm()) for a, b in zip(wrong[1], reference[1]))
+    assert worst > 1e-3  # real tokens attended to the padding before them (100x the tolerance above)
+
+
+@pytest.mark.parametrize("kernel,device,message", [
+    ("ffpa", "cpu", "needs a CUDA device"), ("flex", "cpu", "needs a CUDA device"), ("fast", "cpu", "unknown kernel")])
+def test_a_kernel_this_machine_cannot_run_is_refused(kernel, device, message):
+    with pytest.raises(ValueError, match=message):
+        attention.choose(kernel, torch.device(device))
+
+
+def test_auto_says_which_kernel_and_why():
+    kernel, line = attention.choose("auto", torch.device("cpu"))
+    assert kernel == "sdpa" and "global layers on SDPA is_causal" in line and "no CUDA device" in line
+
+
+# ---------------------------------------------------------------- GPU: the real kernels at the 12B's shapes
+def gemma4_12b_layer_pair():
+    """The 12B's text config cut to one sliding and one global layer (head_dim 512, 2 KV heads)."""
+    config = json.loads((ROOT / "configs" / "gemma-4-12b.json").read_text())
+    text = config["text_config"]
+    text.update(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                per_layer_config={"1": text["per_layer_config"]["05"]}, sliding_window=512)
+    return config
+
+
+def relative_errors(got, reference):
+    loss, grads = got
+    ref_loss, ref_grads = reference
+    worst = max(float((g.float() - r.float()).norm() / r.float().norm()) for g, r in zip(grads, ref_grads))
+    return abs(float(loss - ref_loss) / float(ref_loss)), worst
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kernel", ["ffpa", "flex"])
+def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(kernel):
+    if kernel == "ffpa":
+        pytest.importorskip("ffpa_attn")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**gemma4_12b_layer_pair())
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attention.register(kernel))
+    model = with_lora(base)
+    reference_model = copy.deepcopy(model).float()
+    lengths, width = [1536, 1100], 1536
+    ids = torch.randint(10, config.get_text_config().vocab_size, (2, width), generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+    batch = {"input_ids": ids * mask, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, IGNORE_INDEX)}
+    inputs = T.on_device(batch, torch.device("cuda"))
+    assert inputs.pop("right_padded")
+
+    reference = loss_and_grads(reference_model, inputs, right_padded=False)  # FP32, masked SDPA
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        sdpa_bf16 = loss_and_grads(model, inputs, right_padded=False)
+        fast_bf16 = loss_and_grads(model, inputs, right_padded=True)
+    sdpa_err, fast_err = relative_errors(sdpa_bf16, reference), relative_errors(fast_bf16, reference)
+    print(f"{kernel}: loss and worst LoRA-gradient errors vs FP32 {fast_err}, SDPA BF16 {sdpa_err}")
+    assert fast_err[0] <= 2 * sdpa_err[0] + 1e-3 and fast_err[1] <= 2 * sdpa_err[1] + 1e-3
