@@ -11,8 +11,9 @@ are itself and the tokens before it, all real, which is exactly the causal mask,
 come after every real token, so what they compute never reaches a real token or the loss (label -100).
 For such batches the global layers run one of these KERNELS, causal and without a mask:
   ffpa  ffpa-attn's Triton kernel, K/V not repeated (GPU only; requirements-gpu.txt)
-  flex  torch's flex_attention with a causal block mask and tiles that fit head_dim 512 (GPU only)
   sdpa  SDPA with is_causal, K/V repeated (anywhere)
+In the real step (12B, fast layout, compiled, 1 H200) ffpa gave 6,879 target tokens/s, flex_attention with
+a causal block mask and 32x32 tiles 6,523, SDPA is_causal 5,973 (bench_results/h200-issue10).
 Sliding-window layers, and every batch that is not right-padded (packed or left-padded rows), keep
 transformers' SDPA with its mask. The trainer passes right_padded=True only after checking the batch.
 """
@@ -23,9 +24,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-KERNELS = ("auto", "ffpa", "flex", "sdpa")
+KERNELS = ("auto", "ffpa", "sdpa")
 IMPLEMENTATION = "global_layers_causal"  # the attn_implementation name the model is loaded with
-FLEX_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1}  # the defaults need 262 KB of shared memory at d=512
 
 
 def ffpa_version() -> str | None:
@@ -42,7 +42,7 @@ def choose(kernel: str, device: torch.device) -> tuple[str, str]:
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}: allowed {', '.join(KERNELS)}")
     version = ffpa_version()
-    if kernel in ("ffpa", "flex") and device.type != "cuda":
+    if kernel == "ffpa" and device.type != "cuda":
         raise ValueError(f"{kernel} needs a CUDA device; this run is on {device.type} (use auto or sdpa)")
     if kernel == "ffpa" and version is None:
         raise ValueError("ffpa-attn is not installed: pip install -r requirements-gpu.txt (or use auto)")
@@ -54,7 +54,7 @@ def choose(kernel: str, device: torch.device) -> tuple[str, str]:
     else:
         why = "requested"
     name = {"ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
-            "flex": f"flex_attention {FLEX_TILES}", "sdpa": "SDPA is_causal"}[kernel]
+            "sdpa": "SDPA is_causal"}[kernel]
     return kernel, (f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
                     f"other batches on SDPA with transformers' mask")
 
@@ -76,31 +76,8 @@ def attention(module, query, key, value, attention_mask, *, kernel: str, right_p
                                       dropout=dropout, scaling=scaling, **kwargs)
     if kernel == "sdpa":  # no mask: transformers' SDPA path then uses is_causal
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
-    if kernel == "ffpa":
-        from ffpa_attn import ffpa_attn_func
+    from ffpa_attn import ffpa_attn_func
 
-        out = ffpa_attn_func(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
-    else:
-        out = _flex(query, key, value, scaling)
+    out = ffpa_attn_func(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
-
-@functools.lru_cache(maxsize=8)
-def _causal_block_mask(length: int, device: torch.device):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
-
-
-@functools.cache
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-@torch.compiler.disable  # the block mask comes from a Python cache; flex compiles itself
-def _flex(query, key, value, scale):
-    block_mask = _causal_block_mask(query.shape[2], query.device)
-    return _compiled_flex()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True,
-                            kernel_options=FLEX_TILES)

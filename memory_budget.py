@@ -217,7 +217,7 @@ def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> lis
 
 
 def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, lora_r: int,
-                           lora_dropout: float, full: bool) -> dict:
+                           lora_dropout: float, full: bool, grouped_kv: bool) -> dict:
     """Bytes per token one decoder layer keeps for backward under BF16 autocast (no checkpointing).
 
     Autograd saves what each op's backward needs, and only for inputs that require grad, so a frozen
@@ -227,14 +227,14 @@ def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, l
     - SDPA keeps q, k, v, its output (which is also o_proj's input) and an FP32 logsumexp per head.
       transformers repeats the KV heads into a BF16 copy unless SDPA may use enable_gqa (no mask and
       head_dim <= 256); a single KV head repeats as a free view. A dense mask becomes a BF16 bias of
-      seq_len per token that the kernel keeps;
+      seq_len per token that the kernel keeps. FFPA (grouped_kv) takes the KV heads as they are;
     - the MLP keeps gelu's input and output and up_proj's output;
     - PEFT casts each LoRA input to FP32, applies dropout (CUDA keeps a 1-byte mask), and autocast casts
       the result to BF16 for lora_A, which keeps it; lora_B keeps lora_A's r-wide BF16 output;
     - full fine-tuning also keeps every Linear input and, for the trainable norm scales, their FP32 outputs.
     """
     h, q, kv, inter = hidden, layer["q"], layer["kv"], layer["inter"]
-    repeat = layer["gqa"] and layer["kv_heads"] > 1 and (mask or layer["head_dim"] > 256)
+    repeat = layer["gqa"] and layer["kv_heads"] > 1 and (mask or layer["head_dim"] > 256) and not grouped_kv
     kv_norms = layer["has_kv_norms"]
     terms = {
         "RMSNorm inputs (FP32)": 4 * 4 * h,
@@ -255,7 +255,7 @@ def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, l
 # ---------------------------------------------------------------- the estimate
 
 def _activations(param_shapes: dict, text_config: dict, lora: dict, layout: Layout, *, seq_len: int, tp: int,
-                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool) -> dict:
+                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool, attention: str) -> dict:
     """Activation memory of one micro-batch (bytes per GPU), term by term, before checkpointing decides
     which of the per-layer figures stay."""
     micro_batch, ce_chunk_tokens = layout.micro_batch, layout.ce_chunk_tokens
@@ -270,8 +270,12 @@ def _activations(param_shapes: dict, text_config: dict, lora: dict, layout: Layo
     dense_masks = embed_name.endswith("language_model.embed_tokens.weight") and \
         text_config.get("use_bidirectional_attention") == "vision"
     masked = [dense_masks or (l["sliding"] and window is not None and seq_len >= window) for l in layers]
-    per_layer = [_layer_saved_per_token(l, hidden, seq_len, m, lora_r, lora_dropout, full)
-                 for l, m in zip(layers, masked)]
+    # train_ddp.py's global layers (attention.py) take a right-padded batch without a mask: "sdpa" with
+    # is_causal (K/V still repeated at head_dim > 256), "ffpa" with grouped K/V; "masked" is transformers' path.
+    fast_global = [attention != "masked" and not l["sliding"] for l in layers]
+    per_layer = [_layer_saved_per_token(l, hidden, seq_len, m and not f, lora_r, lora_dropout, full,
+                                        grouped_kv=f and attention == "ffpa")
+                 for l, m, f in zip(layers, masked, fast_global)]
     saved = [tokens * sum(t.values()) for t in per_layer]
     casts = [2 * l["lora_params"] for l in layers]  # autocast's BF16 copies of the FP32 adapter weights
     return {
@@ -313,7 +317,7 @@ def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, st
 def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: int, world_size: int = 1,
              tp: int = 1, lora_r: int = 16, targets=DEFAULT_TARGETS, full: bool = False,
              train_embeddings: bool = False, gpu_mem_gb: float = 80.0, bus_bw_gbps: float = 100.0,
-             accum: int = 1, lora_dropout: float = 0.05) -> dict:
+             accum: int = 1, lora_dropout: float = 0.05, attention: str = "ffpa") -> dict:
     """Per-GPU memory, all-reduce and batch figures for one layout. "peak_bytes" predicts
     torch.cuda.max_memory_allocated() after optimizer step 3 (allocator margin excluded); "peak_breakdown"
     adds up to it.
@@ -355,6 +359,7 @@ def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: 
     grad_bytes = next(v for k, v in persistent.items() if k.startswith("gradients"))
 
     activations = _activations(param_shapes, text_config, lora, layout, seq_len=seq_len, tp=tp, lora_r=lora_r,
+                               attention=attention,
                                lora_dropout=lora_dropout, full=full, train_embeddings=train_embeddings)
     # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
     # inside a layer's backward (recomputed first when checkpointing). ckpt_every=n checkpoints the layers
@@ -521,6 +526,8 @@ def parser() -> argparse.ArgumentParser:
                     help="embed_tokens/lm_head trainable (PEFT modules_to_save)")
     ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
     ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
+    ap.add_argument("--attention", choices=("ffpa", "sdpa", "masked"), default="ffpa",
+                    help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -542,7 +549,8 @@ def main(argv=None) -> int:
     result = estimate(shapes, load_config(args.model), layout, seq_len=args.seq_len,
                       world_size=args.gpus_per_node * args.nodes, tp=args.tp, lora_r=args.lora_r, targets=args.targets,
                       full=args.full, train_embeddings=args.train_embeddings, gpu_mem_gb=args.gpu_mem_gb,
-                      bus_bw_gbps=args.bus_bw_gbps, accum=args.accum, lora_dropout=args.lora_dropout)
+                      bus_bw_gbps=args.bus_bw_gbps, accum=args.accum, lora_dropout=args.lora_dropout,
+                      attention=args.attention)
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0
 

@@ -95,7 +95,7 @@ CHECKPOINT_OFFLOAD = env("CHECKPOINT_OFFLOAD", False)  # keep checkpointed layer
 # layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
 MEMORY_TARGET_GIB = env("MEMORY_TARGET_GIB", 0.0)
 # Global layers (head_dim 512) of right-padded batches: "auto" = ffpa on a GPU with ffpa-attn installed, else
-# sdpa (causal, no dense mask); or "ffpa", "flex", "sdpa" (attention.py). Sliding layers always use SDPA.
+# sdpa (causal, no dense mask); or "ffpa", "sdpa" (attention.py). Sliding layers always use SDPA.
 ATTENTION_KERNEL = env("ATTENTION_KERNEL", "auto")
 COMPILE_LAYERS = env("COMPILE_LAYERS", False)  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 1024)  # loss over target positions only, in chunks; 0 = full FP32 logits
@@ -892,7 +892,7 @@ def predicted_peak_gib(peft_model, seq_len: int) -> float:
     result = memory_budget.estimate(
         memory_budget.param_shapes_from_model(base), base.config.to_dict(), layout, seq_len=seq_len,
         world_size=dist.get_world_size(), lora_r=LORA_R, targets=LORA_TARGETS, accum=ACCUM_STEPS,
-        lora_dropout=LORA_DROPOUT)
+        lora_dropout=LORA_DROPOUT, attention=ATTENTION_KERNEL)
     return result["peak_bytes"] / 2**30
 
 
@@ -906,7 +906,7 @@ def apply_memory_target() -> None:
         plan = memory_budget.plan_for_memory_target(
             memory_budget.param_shapes_from_path(source), memory_budget.load_config(source), MEMORY_TARGET_GIB,
             seq_len=MAX_LEN, samples_per_step=MICRO_BATCH * ACCUM_STEPS, world_size=int(os.environ["WORLD_SIZE"]),
-            lora_r=LORA_R, targets=LORA_TARGETS, lora_dropout=LORA_DROPOUT)
+            lora_r=LORA_R, targets=LORA_TARGETS, lora_dropout=LORA_DROPOUT, attention=ATTENTION_KERNEL)
     except ValueError as e:
         raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
     layout = plan["layout"]
@@ -998,9 +998,9 @@ def main() -> None:
             lock.acquire()
         except RuntimeError as e:
             raise InputError(str(e)) from None
+    choose_attention_kernel()
     if MEMORY_TARGET_GIB > 0:
         apply_memory_target()
-    choose_attention_kernel()
     conversations = load_conversations(DATA_PATH)
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)

@@ -1,6 +1,6 @@
 """attention.py: the global layers' mask-free causal kernels compute what transformers' masked SDPA does,
 on right-padded batches only. CPU: the sdpa route in FP32, exactly. GPU (python -m pytest -m gpu):
-ffpa and flex on a 12B-shaped layer pair in BF16, as close to an FP32 reference as SDPA's BF16 path."""
+ffpa and SDPA is_causal on a 12B-shaped layer pair in BF16, as close to an FP32 reference as SDPA's BF16 path."""
 import copy
 import json
 
@@ -100,7 +100,7 @@ def test_left_padded_rows_keep_the_mask_which_they_need(tokenizer, tiny_model, g
 
 
 @pytest.mark.parametrize("kernel,device,message", [
-    ("ffpa", "cpu", "needs a CUDA device"), ("flex", "cpu", "needs a CUDA device"), ("fast", "cpu", "unknown kernel")])
+    ("ffpa", "cpu", "needs a CUDA device"), ("flex", "cpu", "unknown kernel")])
 def test_a_kernel_this_machine_cannot_run_is_refused(kernel, device, message):
     with pytest.raises(ValueError, match=message):
         attention.choose(kernel, torch.device(device))
@@ -124,13 +124,14 @@ def gemma4_12b_layer_pair():
 def relative_errors(got, reference):
     loss, grads = got
     ref_loss, ref_grads = reference
-    worst = max(float((g.float() - r.float()).norm() / r.float().norm()) for g, r in zip(grads, ref_grads))
-    return abs(float(loss - ref_loss) / float(ref_loss)), worst
+    diff = torch.cat([(g.float() - r.float()).flatten() for g, r in zip(grads, ref_grads)])
+    reference_norm = torch.cat([r.float().flatten() for r in ref_grads]).norm()
+    return abs(float(loss - ref_loss) / float(ref_loss)), float(diff.norm() / reference_norm)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kernel", ["ffpa", "flex"])
+@pytest.mark.parametrize("kernel", ["ffpa", "sdpa"])
 def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(kernel):
     if kernel == "ffpa":
         pytest.importorskip("ffpa_attn")
@@ -154,5 +155,5 @@ def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(k
         sdpa_bf16 = loss_and_grads(model, inputs, right_padded=False)
         fast_bf16 = loss_and_grads(model, inputs, right_padded=True)
     sdpa_err, fast_err = relative_errors(sdpa_bf16, reference), relative_errors(fast_bf16, reference)
-    print(f"{kernel}: loss and worst LoRA-gradient errors vs FP32 {fast_err}, SDPA BF16 {sdpa_err}")
+    print(f"{kernel}: loss and LoRA-gradient relative errors vs FP32 {fast_err}, SDPA BF16 {sdpa_err}")
     assert fast_err[0] <= 2 * sdpa_err[0] + 1e-3 and fast_err[1] <= 2 * sdpa_err[1] + 1e-3
