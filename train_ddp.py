@@ -12,6 +12,7 @@ import math
 import os
 import re
 import errno
+import functools
 import shutil
 import signal
 import socket
@@ -969,8 +970,25 @@ def profiled(active: bool, device: torch.device):
 
 
 def log_metrics(record: dict) -> None:
+    """Rank 0: one JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""
     with open(Path(OUTPUT_DIR) / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+    writer = tensorboard_writer(OUTPUT_DIR)
+    if writer is not None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.add_scalar(key, value, record["step"])
+        writer.flush()
+
+
+@functools.cache
+def tensorboard_writer(output_dir: str):
+    """OUTPUT_DIR/tensorboard (tensorboard --logdir OUTPUT_DIR); None without the optional tensorboard package."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(Path(output_dir) / "tensorboard"))
 
 
 def say(msg: str) -> None:

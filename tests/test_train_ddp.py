@@ -312,3 +312,16 @@ def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(mo
         return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["attention_mask"].numel() for b in batches)
 
     assert padding(grouped) < 0.5 * padding(plain)
+
+
+def test_metrics_also_reach_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setattr(T, "OUTPUT_DIR", str(tmp_path))
+    T.log_metrics({"step": 1, "loss": 2.5, "skipped": False, "lr": 1e-4})
+    T.log_metrics({"step": 2, "loss": 2.25, "skipped": False, "lr": 2e-4})
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert sorted(events.Tags()["scalars"]) == ["loss", "lr"]  # numbers only, "skipped" is a flag
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
