@@ -17,6 +17,7 @@ a causal block mask and 32x32 tiles 6,523, SDPA is_causal 5,973 (bench_results/h
 Sliding-window layers, and every batch that is not right-padded (packed or left-padded rows), keep
 transformers' SDPA with its mask. The trainer passes right_padded=True only after checking the batch.
 """
+
 import functools
 
 import torch
@@ -48,15 +49,22 @@ def choose(kernel: str, device: torch.device) -> tuple[str, str]:
         raise ValueError("ffpa-attn is not installed: pip install -r requirements-gpu.txt (or use auto)")
     if kernel == "auto":
         kernel = "ffpa" if device.type == "cuda" and version else "sdpa"
-        why = {"ffpa": "auto: ffpa-attn is installed",
-               "sdpa": "auto: no CUDA device" if device.type != "cuda" else
-                       "auto: ffpa-attn is not installed (pip install -r requirements-gpu.txt for a 4x faster kernel)"}[kernel]
+        why = {
+            "ffpa": "auto: ffpa-attn is installed",
+            "sdpa": "auto: no CUDA device"
+            if device.type != "cuda"
+            else "auto: ffpa-attn is not installed (pip install -r requirements-gpu.txt for a 4x faster kernel)",
+        }[kernel]
     else:
         why = "requested"
-    name = {"ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
-            "sdpa": "SDPA is_causal"}[kernel]
-    return kernel, (f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
-                    f"other batches on SDPA with transformers' mask")
+    name = {
+        "ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
+        "sdpa": "SDPA is_causal",
+    }[kernel]
+    return kernel, (
+        f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
+        f"other batches on SDPA with transformers' mask"
+    )
 
 
 def register(kernel: str) -> str:
@@ -68,16 +76,36 @@ def register(kernel: str) -> str:
     return IMPLEMENTATION
 
 
-def attention(module, query, key, value, attention_mask, *, kernel: str, right_padded: bool = False,
-              sliding_window=None, dropout: float = 0.0, scaling=None, **kwargs):
+def attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    *,
+    kernel: str,
+    right_padded: bool = False,
+    sliding_window=None,
+    dropout: float = 0.0,
+    scaling=None,
+    **kwargs,
+):
     """transformers' attention interface: (module, q, k, v, mask, **kwargs) -> (output [B, L, H, D], None)."""
     if not right_padded or sliding_window is not None or dropout > 0:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, sliding_window=sliding_window,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            sliding_window=sliding_window,
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
+        )
     if kernel == "sdpa":  # no mask: transformers' SDPA path then uses is_causal
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     from ffpa_attn import ffpa_attn_func
 
     out = ffpa_attn_func(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
-

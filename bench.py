@@ -14,6 +14,7 @@ FLOPs per token (model FLOPs, recomputation not counted):
   + 12 x context x heads x head_dim per layer   attention QK^T and AV, forward 1x + backward 2x,
                                          context = mean causal (or sliding-window) span
 """
+
 import argparse
 import json
 import os
@@ -28,8 +29,13 @@ PEAK_BF16_TFLOPS = {"H200": 790.0, "H100": 790.0}  # measured dense bf16 matmul 
 # name -> environment overrides of train_ddp.py constants
 RUNS = {
     # SPEC's reference loop: full FP32 logits, PEFT's FP32 adapter inputs, every layer checkpointed, SDPA
-    "plain": {"CE_CHUNK_TOKENS": "0", "LORA_BF16_INPUTS": "0", "GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "1",
-              "ATTENTION_KERNEL": "sdpa"},
+    "plain": {
+        "CE_CHUNK_TOKENS": "0",
+        "LORA_BF16_INPUTS": "0",
+        "GRADIENT_CHECKPOINTING": "1",
+        "MICRO_BATCH": "1",
+        "ATTENTION_KERNEL": "sdpa",
+    },
     "defaults": {"MICRO_BATCH": "1"},  # train_ddp.py's defaults
     # one constant picks the layout (memory_budget.plan_for_memory_target)
     "frugal": {"MEMORY_TARGET_GIB": "25", "MICRO_BATCH": "1"},
@@ -40,8 +46,12 @@ RUNS = {
     "ckpt-half": {"GRADIENT_CHECKPOINTING": "2", "MICRO_BATCH": "1"},
     "micro4": {"GRADIENT_CHECKPOINTING": "1", "MICRO_BATCH": "4"},
     "micro2-no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "2"},
-    "offload-chunk64": {"GRADIENT_CHECKPOINTING": "1", "CHECKPOINT_OFFLOAD": "1", "CE_CHUNK_TOKENS": "64",
-                        "MICRO_BATCH": "1"},
+    "offload-chunk64": {
+        "GRADIENT_CHECKPOINTING": "1",
+        "CHECKPOINT_OFFLOAD": "1",
+        "CE_CHUNK_TOKENS": "64",
+        "MICRO_BATCH": "1",
+    },
     "pad1": {"PAD_TO_MULTIPLE": "1"},  # varied-length data: every batch its own shape
     "pad64": {"PAD_TO_MULTIPLE": "64"},
     "micro4-ungrouped": {"MICRO_BATCH": "4", "GROUP_BY_LENGTH": "0"},  # varied-length data: padding
@@ -55,8 +65,12 @@ def synthetic_conversations(path: Path, n: int, min_words: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
             text = " ".join(words[(i + j) % len(words)] for j in range(min_words))
-            f.write(json.dumps({"messages": [{"role": "user", "content": "Continue."},
-                                             {"role": "assistant", "content": text}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {"messages": [{"role": "user", "content": "Continue."}, {"role": "assistant", "content": text}]}
+                )
+                + "\n"
+            )
 
 
 def train_flops_per_token(config_path: str, seq_len: int) -> float:
@@ -79,13 +93,33 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     out = work / name
     samples = args.samples
     micro = int(overrides.get("MICRO_BATCH", "1"))  # MEMORY_TARGET_GIB may re-split MICRO_BATCH x ACCUM_STEPS
-    env = {**os.environ, "MODEL_CONFIG": str(Path(args.config).resolve()), "DATA_PATH": str(data),
-           "OUTPUT_DIR": str(out), "MAX_LEN": str(args.seq_len), "ASSISTANT_ONLY_LOSS": "1" if args.data else "0",
-           "MAX_STEPS": str(args.steps), "EPOCHS": "1000", "LR": "1e-4", "LORA_R": "16", "LORA_ALPHA": "32",
-           "LORA_DROPOUT": "0.05", "ACCUM_STEPS": str(samples // micro), "DRIFT_CHECK_EVERY": "0",
-           "RESUME": "", "LOG_EVERY": "1", **overrides}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
-           str(HERE / "train_ddp.py")]
+    env = {
+        **os.environ,
+        "MODEL_CONFIG": str(Path(args.config).resolve()),
+        "DATA_PATH": str(data),
+        "OUTPUT_DIR": str(out),
+        "MAX_LEN": str(args.seq_len),
+        "ASSISTANT_ONLY_LOSS": "1" if args.data else "0",
+        "MAX_STEPS": str(args.steps),
+        "EPOCHS": "1000",
+        "LR": "1e-4",
+        "LORA_R": "16",
+        "LORA_ALPHA": "32",
+        "LORA_DROPOUT": "0.05",
+        "ACCUM_STEPS": str(samples // micro),
+        "DRIFT_CHECK_EVERY": "0",
+        "RESUME": "",
+        "LOG_EVERY": "1",
+        **overrides,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.gpus}",
+        str(HERE / "train_ddp.py"),
+    ]
     print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.run_timeout)
@@ -95,20 +129,23 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     with open(log, "a") as f:
         f.write(f"\n===== {name} {overrides} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
     metrics = out / "metrics.jsonl"
-    records = [json.loads(l) for l in metrics.read_text().splitlines()] if metrics.exists() else []
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     steady = [r for r in records if "step_time_s" in r and r["step"] >= 2]
     if proc.returncode != 0 or not steady:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         print(f"   failed (exit {proc.returncode}): {' | '.join(tail)}", flush=True)
         return {"name": name, "failed": "OOM" if "OutOfMemory" in proc.stderr else f"exit {proc.returncode}"}
     seconds = sum(r["step_time_s"] for r in steady)
-    result = {"name": name, "step_s": seconds / len(steady),
-              "target_tok_s": sum(r["targets"] for r in steady) / seconds,
-              "tok_s": sum(r["tokens"] for r in steady) / seconds,
-              "padding": sum(r["padding"] for r in steady) / len(steady),
-              "peak_alloc_gib": max(r.get("peak_mem_gib", 0) for r in records),
-              "peak_reserved_gib": max(r.get("peak_reserved_gib", 0) for r in records),
-              "predicted_gib": next((r["predicted_peak_gib"] for r in records if "predicted_peak_gib" in r), None)}
+    result = {
+        "name": name,
+        "step_s": seconds / len(steady),
+        "target_tok_s": sum(r["targets"] for r in steady) / seconds,
+        "tok_s": sum(r["tokens"] for r in steady) / seconds,
+        "padding": sum(r["padding"] for r in steady) / len(steady),
+        "peak_alloc_gib": max(r.get("peak_mem_gib", 0) for r in records),
+        "peak_reserved_gib": max(r.get("peak_reserved_gib", 0) for r in records),
+        "predicted_gib": next((r["predicted_peak_gib"] for r in records if "predicted_peak_gib" in r), None),
+    }
     print(f"   {json.dumps(result)}", flush=True)
     return result
 
@@ -118,8 +155,11 @@ def run_names(text: str) -> str:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS]
     if unknown or not names:
-        said = f"unknown run{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}" if unknown \
+        said = (
+            f"unknown run{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            if unknown
             else "no run named"
+        )
         raise argparse.ArgumentTypeError(f"{said}; known runs: {', '.join(RUNS)}")
     return ",".join(names)
 
@@ -135,8 +175,11 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out", help="folder for bench.log (every run's output) and results.json")
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is killed")
     ap.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
-    ap.add_argument("--data", default="", help="a chat JSONL instead of fixed-length synthetic rows "
-                                                 "(assistant-only loss, real padding)")
+    ap.add_argument(
+        "--data",
+        default="",
+        help="a chat JSONL instead of fixed-length synthetic rows (assistant-only loss, real padding)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -155,10 +198,14 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
     base = next((r for r in results if "failed" not in r), None)
-    print(f"\n{args.gpus}x {gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
-          f"steady steps 2..{args.steps} | {flops / 1e9:.1f} GFLOP/token")
-    print("| run | target tok/s | non-pad tok/s | padding | step s | peak alloc GiB | peak reserved GiB | "
-          "predicted GiB | model TFLOP/s | MFU | vs base |")
+    print(
+        f"\n{args.gpus}x {gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
+        f"steady steps 2..{args.steps} | {flops / 1e9:.1f} GFLOP/token"
+    )
+    print(
+        "| run | target tok/s | non-pad tok/s | padding | step s | peak alloc GiB | peak reserved GiB | "
+        "predicted GiB | model TFLOP/s | MFU | vs base |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "failed" in r:
@@ -167,11 +214,15 @@ def main() -> None:
         tflops = r["tok_s"] * flops / 1e12 / args.gpus
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
         pred = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] else ""
-        print(f"| {r['name']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | {r['step_s']:.2f} | "
-              f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | {mfu} | "
-              f"{r['target_tok_s'] / base['target_tok_s']:.2f}x |")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops,
-                                                   "results": results}, indent=1))
+        print(
+            f"| {r['name']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
+            f"{r['step_s']:.2f} | "
+            f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | {mfu} | "
+            f"{r['target_tok_s'] / base['target_tok_s']:.2f}x |"
+        )
+    (out / "results.json").write_text(
+        json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops, "results": results}, indent=1)
+    )
 
 
 if __name__ == "__main__":

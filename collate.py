@@ -3,6 +3,7 @@
 PadCollate is a top-level class on purpose: DataLoader workers started with spawn or forkserver
 pickle the collate_fn, and a closure or lambda can't be pickled ("Can't get local object ...").
 """
+
 import torch
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips

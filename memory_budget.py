@@ -23,6 +23,7 @@ The layout options (--micro-batch, --ckpt-every, --ckpt-offload, --ce-chunk-toke
 MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS, with the same defaults; they
 describe every layout that train_ddp.py's MEMORY_TARGET_GIB planner (plan_for_memory_target) can choose.
 """
+
 import argparse
 import json
 import math
@@ -34,17 +35,39 @@ from pathlib import Path
 
 GB, GiB = 1e9, 2**30
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-TORCH_DTYPES = {"torch.float64": "F64", "torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16",
-                "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2", "torch.int64": "I64",
-                "torch.int32": "I32", "torch.int16": "I16", "torch.int8": "I8", "torch.uint8": "U8",
-                "torch.bool": "BOOL"}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+TORCH_DTYPES = {
+    "torch.float64": "F64",
+    "torch.float32": "F32",
+    "torch.bfloat16": "BF16",
+    "torch.float16": "F16",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
+    "torch.int64": "I64",
+    "torch.int32": "I32",
+    "torch.int16": "I16",
+    "torch.int8": "I8",
+    "torch.uint8": "U8",
+    "torch.bool": "BOOL",
+}
 FULL_FT_BYTES_PER_PARAM = 16  # BF16 weight 2 + BF16 grad 2 + FP32 master 4 + FP32 Adam moments 8
-FRAGMENTATION = 0.05          # caching-allocator slack: reserved exceeds allocated by a few percent
+FRAGMENTATION = 0.05  # caching-allocator slack: reserved exceeds allocated by a few percent
 CUDA_CONTEXT_BYTES = 0.5 * GiB  # CUDA context, cuBLAS/cuDNN handles: outside the allocator
-NCCL_BYTES = 0.5 * GiB          # NCCL communicator buffers, only when world size > 1
-DDP_BUCKET_BYTES = 25 * 2**20   # DDP's default bucket_cap_mb
+NCCL_BYTES = 0.5 * GiB  # NCCL communicator buffers, only when world size > 1
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 # cuBLAS workspaces come from PyTorch's caching allocator (so they count in max_memory_allocated): 32 MiB
 # each on Hopper, one per handle, i.e. one for the forward thread and one for autograd's backward thread.
 CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
@@ -52,20 +75,27 @@ CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
 
 # ---------------------------------------------------------------- layout
 
+
 @dataclass(frozen=True)
 class Layout:
     """How each GPU runs its samples: train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD
     and CE_CHUNK_TOKENS, with their defaults. The CLI, the planner and the trainer all speak it."""
-    micro_batch: int = 1         # samples per GPU per forward
-    ckpt_every: int = 1          # checkpoint the decoder layers whose index is a multiple of this (0: none)
-    offload: bool = False        # checkpointed layers keep their BF16 input in pinned host memory, not on the GPU
+
+    micro_batch: int = 1  # samples per GPU per forward
+    ckpt_every: int = 1  # checkpoint the decoder layers whose index is a multiple of this (0: none)
+    offload: bool = False  # checkpointed layers keep their BF16 input in pinned host memory, not on the GPU
     ce_chunk_tokens: int = 1024  # loss over target positions in checkpointed chunks this long (0: all logits at once)
 
     def __post_init__(self):
-        wrong = [f"{name} must be {rule} (got {value})" for name, value, ok, rule in (
-            ("micro_batch", self.micro_batch, self.micro_batch >= 1, ">= 1"),
-            ("ckpt_every", self.ckpt_every, self.ckpt_every >= 0, ">= 0 (0: no checkpointing)"),
-            ("ce_chunk_tokens", self.ce_chunk_tokens, self.ce_chunk_tokens >= 0, ">= 0 (0: no chunking)")) if not ok]
+        wrong = [
+            f"{name} must be {rule} (got {value})"
+            for name, value, ok, rule in (
+                ("micro_batch", self.micro_batch, self.micro_batch >= 1, ">= 1"),
+                ("ckpt_every", self.ckpt_every, self.ckpt_every >= 0, ">= 0 (0: no checkpointing)"),
+                ("ce_chunk_tokens", self.ce_chunk_tokens, self.ce_chunk_tokens >= 0, ">= 0 (0: no chunking)"),
+            )
+            if not ok
+        ]
         if wrong:
             raise ValueError("; ".join(wrong))
 
@@ -74,6 +104,7 @@ DEFAULT_LAYOUT = Layout()  # train_ddp.py's defaults
 
 
 # ---------------------------------------------------------------- shapes, never weights
+
 
 def read_safetensors_header(path) -> dict:
     """{name: (shape, dtype)} from one safetensors file, reading only its header."""
@@ -91,6 +122,7 @@ def load_config(path_or_id) -> dict:
         path = path / "config.json"
     elif not path.is_file():
         from huggingface_hub import hf_hub_download
+
         path = hf_hub_download(str(path_or_id), "config.json")
     return json.loads(Path(path).read_text())
 
@@ -98,8 +130,11 @@ def load_config(path_or_id) -> dict:
 def param_shapes_from_model(model) -> dict:
     """{name: (shape, dtype)} of an in-memory nn.Module's base weights; meta tensors work too. A model
     with LoRA layers injected (PEFT's base model) reads as the model before PEFT."""
-    return {name.replace(".base_layer", ""): (tuple(p.shape), TORCH_DTYPES[str(p.dtype)])
-            for name, p in model.named_parameters() if "lora_" not in name}
+    return {
+        name.replace(".base_layer", ""): (tuple(p.shape), TORCH_DTYPES[str(p.dtype)])
+        for name, p in model.named_parameters()
+        if "lora_" not in name
+    }
 
 
 def param_shapes_from_path(path_or_id) -> dict:
@@ -109,14 +144,19 @@ def param_shapes_from_path(path_or_id) -> dict:
         return _shapes_from_config(path)
     if path.is_dir():
         index = path / "model.safetensors.index.json"
-        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
-                 else sorted(f.name for f in path.glob("*.safetensors")))
+        files = (
+            sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if index.exists()
+            else sorted(f.name for f in path.glob("*.safetensors"))
+        )
         shapes = {k: v for f in files for k, v in read_safetensors_header(path / f).items()}
     else:
         from huggingface_hub import get_safetensors_metadata
+
         meta = get_safetensors_metadata(str(path_or_id))
-        shapes = {name: (tuple(t.shape), t.dtype)
-                  for file in meta.files_metadata.values() for name, t in file.tensors.items()}
+        shapes = {
+            name: (tuple(t.shape), t.dtype) for file in meta.files_metadata.values() for name, t in file.tensors.items()
+        }
     return _module_names(shapes, load_config(path_or_id).get("model_type"))
 
 
@@ -124,6 +164,7 @@ def _shapes_from_config(config_path) -> dict:
     """Build the model on the meta device (no memory, no weights) and read its parameter shapes."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
     cfg = AutoConfig.from_pretrained(config_path)
     dtype = cfg.dtype if isinstance(cfg.dtype, torch.dtype) else getattr(torch, cfg.dtype or "bfloat16")
     with torch.device("meta"):
@@ -137,6 +178,7 @@ def _module_names(shapes: dict, model_type) -> dict:
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
         from transformers.core_model_loading import WeightRenaming
+
         renames = [t for t in get_checkpoint_conversion_mapping(model_type) or [] if type(t) is WeightRenaming]
     except ImportError:  # another transformers version: keep the checkpoint's names
         return shapes
@@ -149,6 +191,7 @@ def _module_names(shapes: dict, model_type) -> dict:
 
 
 # ---------------------------------------------------------------- parameters and LoRA
+
 
 def _numel(shape) -> int:
     return math.prod(shape)
@@ -191,11 +234,12 @@ def full_finetune_bytes(n_params: float) -> float:
 
 # ---------------------------------------------------------------- activations
 
+
 def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> list[dict]:
     """Per decoder layer: widths (divided over TP ranks), layer type and the in_features of its LoRA targets."""
     embed = next(n for n in shapes if n.endswith("embed_tokens.weight"))
     prefix = embed[: -len("embed_tokens.weight")] + "layers."
-    n_layers = 1 + max(int(n[len(prefix):].split(".")[0]) for n in shapes if n.startswith(prefix))
+    n_layers = 1 + max(int(n[len(prefix) :].split(".")[0]) for n in shapes if n.startswith(prefix))
     heads = text_config["num_attention_heads"]
     types = text_config.get("layer_types") or ["full_attention"] * n_layers
     mods = _modules(shapes, tied=False)
@@ -205,19 +249,29 @@ def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> lis
         q = mods[p + "self_attn.q_proj"][0]
         head_dim = q // heads
         k = mods.get(p + "self_attn.k_proj", (text_config["num_key_value_heads"] * head_dim,))[0]
-        layers.append(dict(
-            q=q / tp, kv=k / tp, heads=heads / tp, gqa=heads > k // head_dim, kv_heads=k // head_dim,
-            head_dim=head_dim,
-            has_kv_norms=p + "self_attn.k_proj" in mods, inter=mods[p + "mlp.gate_proj"][0] / tp,
-            sliding=types[i] == "sliding_attention",
-            lora_in=[mods[m][1] / (tp if m.endswith(("o_proj", "down_proj")) else 1)
-                     for m in lora if m.startswith(p)],
-            lora_params=sum(v for m, v in lora.items() if m.startswith(p)) / tp))
+        layers.append(
+            dict(
+                q=q / tp,
+                kv=k / tp,
+                heads=heads / tp,
+                gqa=heads > k // head_dim,
+                kv_heads=k // head_dim,
+                head_dim=head_dim,
+                has_kv_norms=p + "self_attn.k_proj" in mods,
+                inter=mods[p + "mlp.gate_proj"][0] / tp,
+                sliding=types[i] == "sliding_attention",
+                lora_in=[
+                    mods[m][1] / (tp if m.endswith(("o_proj", "down_proj")) else 1) for m in lora if m.startswith(p)
+                ],
+                lora_params=sum(v for m, v in lora.items() if m.startswith(p)) / tp,
+            )
+        )
     return layers
 
 
-def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, lora_r: int,
-                           lora_dropout: float, full: bool, grouped_kv: bool) -> dict:
+def _layer_saved_per_token(
+    layer: dict, hidden: int, seq_len: int, mask: bool, lora_r: int, lora_dropout: float, full: bool, grouped_kv: bool
+) -> dict:
     """Bytes per token one decoder layer keeps for backward under BF16 autocast (no checkpointing).
 
     Autograd saves what each op's backward needs, and only for inputs that require grad, so a frozen
@@ -243,8 +297,9 @@ def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, l
         "SDPA logsumexp (FP32)": 4 * layer["heads"],
         "attention mask as BF16 bias": 2 * seq_len if mask else 0,
         "MLP gelu in/out, up_proj out (BF16)": 3 * 2 * inter,
-        "LoRA inputs (dropout mask + BF16 copy)": sum(((1 if lora_dropout else 0) + 2) * i + 2 * lora_r
-                                                      for i in layer["lora_in"]),
+        "LoRA inputs (dropout mask + BF16 copy)": sum(
+            ((1 if lora_dropout else 0) + 2) * i + 2 * lora_r for i in layer["lora_in"]
+        ),
     }
     if full:
         terms["Linear inputs (BF16)"] = 2 * h + 2 * h + 2 * inter
@@ -254,8 +309,21 @@ def _layer_saved_per_token(layer: dict, hidden: int, seq_len: int, mask: bool, l
 
 # ---------------------------------------------------------------- the estimate
 
-def _activations(param_shapes: dict, text_config: dict, lora: dict, layout: Layout, *, seq_len: int, tp: int,
-                 lora_r: int, lora_dropout: float, full: bool, train_embeddings: bool, attention: str) -> dict:
+
+def _activations(
+    param_shapes: dict,
+    text_config: dict,
+    lora: dict,
+    layout: Layout,
+    *,
+    seq_len: int,
+    tp: int,
+    lora_r: int,
+    lora_dropout: float,
+    full: bool,
+    train_embeddings: bool,
+    attention: str,
+) -> dict:
     """Activation memory of one micro-batch (bytes per GPU), term by term, before checkpointing decides
     which of the per-layer figures stay."""
     micro_batch, ce_chunk_tokens = layout.micro_batch, layout.ce_chunk_tokens
@@ -267,35 +335,42 @@ def _activations(param_shapes: dict, text_config: dict, lora: dict, layout: Layo
     window = text_config.get("sliding_window")
     # Gemma4Unified's multimodal forward always passes a mask overlay, so transformers never takes the
     # is_causal shortcut: every layer gets a dense mask. Otherwise only sliding layers at >= window tokens.
-    dense_masks = embed_name.endswith("language_model.embed_tokens.weight") and \
-        text_config.get("use_bidirectional_attention") == "vision"
-    masked = [dense_masks or (l["sliding"] and window is not None and seq_len >= window) for l in layers]
+    dense_masks = (
+        embed_name.endswith("language_model.embed_tokens.weight")
+        and text_config.get("use_bidirectional_attention") == "vision"
+    )
+    masked = [dense_masks or (layer["sliding"] and window is not None and seq_len >= window) for layer in layers]
     # train_ddp.py's global layers (attention.py) take a right-padded batch without a mask: "sdpa" with
     # is_causal (K/V still repeated at head_dim > 256), "ffpa" with grouped K/V; "masked" is transformers' path.
-    fast_global = [attention != "masked" and not l["sliding"] for l in layers]
-    per_layer = [_layer_saved_per_token(l, hidden, seq_len, m and not f, lora_r, lora_dropout, full,
-                                        grouped_kv=f and attention == "ffpa")
-                 for l, m, f in zip(layers, masked, fast_global)]
+    fast_global = [attention != "masked" and not layer["sliding"] for layer in layers]
+    per_layer = [
+        _layer_saved_per_token(
+            layer, hidden, seq_len, m and not f, lora_r, lora_dropout, full, grouped_kv=f and attention == "ffpa"
+        )
+        for layer, m, f in zip(layers, masked, fast_global, strict=True)
+    ]
     saved = [tokens * sum(t.values()) for t in per_layer]
-    casts = [2 * l["lora_params"] for l in layers]  # autocast's BF16 copies of the FP32 adapter weights
+    casts = [2 * layer["lora_params"] for layer in layers]  # autocast's BF16 copies of the FP32 adapter weights
     return {
         "terms": {k: tokens * sum(t[k] for t in per_layer) for k in per_layer[0]},
         "layers": saved,
         "all_layers": sum(saved) + sum(casts),
         "casts": casts,
-        "one_layer": max(s + c for s, c in zip(saved, casts)),
+        "one_layer": max(s + c for s, c in zip(saved, casts, strict=True)),
         # the boolean masks transformers builds once per layer type and keeps to the end of backward
-        "masks": micro_batch * seq_len**2 * len({l["sliding"] for l, m in zip(layers, masked) if m}),
+        "masks": micro_batch
+        * seq_len**2
+        * len({layer["sliding"] for layer, m in zip(layers, masked, strict=True) if m}),
         "boundaries": len(layers) * 2 * hidden * tokens,  # checkpointing keeps each layer's BF16 input
         # the final norm's FP32 input; chunked loss (a gathered copy) or a trainable lm_head keep its BF16 output
-        "final_norm": 4 * hidden * tokens + (2 * hidden * tokens if ce_chunk_tokens > 0 or full or train_embeddings
-                                             else 0),
+        "final_norm": 4 * hidden * tokens
+        + (2 * hidden * tokens if ce_chunk_tokens > 0 or full or train_embeddings else 0),
         # Cross-entropy backward over the full vocabulary (lm_head -> .float() -> softcap -> cross_entropy):
         # tanh's FP32 output (softcapping), the FP32 log-softmax output, its gradient and its input's gradient.
         "logits_ce": ce_tokens * vocab * ((4 if text_config.get("final_logit_softcapping") else 0) + 4 + 4 + 4),
         # One layer's backward in flight: hidden-state gradients in and out (BF16) and two FP32 gradients
         # as wide as the MLP (down_proj's LoRA input, before and after dropout).
-        "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(l["inter"] for l in layers)),
+        "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(layer["inter"] for layer in layers)),
     }
 
 
@@ -307,17 +382,35 @@ def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, st
     if total - state <= card:
         sharded = total - state * (1 - 1 / dp)
         verdict = "" if sharded <= card else ", still too much: add GPUs"
-        return "FSDP/ZeRO", (f"weights and activations fit ({(total - state) / GiB:.1f} GiB) but gradients and "
-                             f"optimizer state ({state / GiB:.1f} GiB) do not; sharded over DP={dp} they leave "
-                             f"{sharded / GiB:.1f} GiB per GPU{verdict}")
-    return "TP/PP", (f"weights and activations alone need {(total - state) / GiB:.1f} GiB, more than the "
-                     f"{card / GiB:.1f} GiB card: split layers (pipeline) or matrices (tensor parallel, --tp)")
+        return "FSDP/ZeRO", (
+            f"weights and activations fit ({(total - state) / GiB:.1f} GiB) but gradients and "
+            f"optimizer state ({state / GiB:.1f} GiB) do not; sharded over DP={dp} they leave "
+            f"{sharded / GiB:.1f} GiB per GPU{verdict}"
+        )
+    return "TP/PP", (
+        f"weights and activations alone need {(total - state) / GiB:.1f} GiB, more than the "
+        f"{card / GiB:.1f} GiB card: split layers (pipeline) or matrices (tensor parallel, --tp)"
+    )
 
 
-def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: int, world_size: int = 1,
-             tp: int = 1, lora_r: int = 16, targets=DEFAULT_TARGETS, full: bool = False,
-             train_embeddings: bool = False, gpu_mem_gb: float = 80.0, bus_bw_gbps: float = 100.0,
-             accum: int = 1, lora_dropout: float = 0.05, attention: str = "ffpa") -> dict:
+def estimate(
+    param_shapes: dict,
+    text_config: dict,
+    layout: Layout,
+    *,
+    seq_len: int,
+    world_size: int = 1,
+    tp: int = 1,
+    lora_r: int = 16,
+    targets=DEFAULT_TARGETS,
+    full: bool = False,
+    train_embeddings: bool = False,
+    gpu_mem_gb: float = 80.0,
+    bus_bw_gbps: float = 100.0,
+    accum: int = 1,
+    lora_dropout: float = 0.05,
+    attention: str = "ffpa",
+) -> dict:
     """Per-GPU memory, all-reduce and batch figures for one layout. "peak_bytes" predicts
     torch.cuda.max_memory_allocated() after optimizer step 3 (allocator margin excluded); "peak_breakdown"
     adds up to it.
@@ -358,28 +451,49 @@ def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: 
         persistent[f"AdamW state (2 x FP32{also})"] = (8 * n_lora + 2 * emb_bytes) / tp
     grad_bytes = next(v for k, v in persistent.items() if k.startswith("gradients"))
 
-    activations = _activations(param_shapes, text_config, lora, layout, seq_len=seq_len, tp=tp, lora_r=lora_r,
-                               attention=attention,
-                               lora_dropout=lora_dropout, full=full, train_embeddings=train_embeddings)
+    activations = _activations(
+        param_shapes,
+        text_config,
+        lora,
+        layout,
+        seq_len=seq_len,
+        tp=tp,
+        lora_r=lora_r,
+        attention=attention,
+        lora_dropout=lora_dropout,
+        full=full,
+        train_embeddings=train_embeddings,
+    )
     # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
     # inside a layer's backward (recomputed first when checkpointing). ckpt_every=n checkpoints the layers
     # whose index is a multiple of n (transformers' every_n_layers): they keep only their BF16 input,
     # in pinned host memory with offload.
     every = layout.ckpt_every
     boundary = 0 if layout.offload else activations["boundaries"] / len(activations["layers"])
-    kept = sum(boundary if every and i % every == 0 else saved + cast
-               for i, (saved, cast) in enumerate(zip(activations["layers"], activations["casts"]))) \
+    kept = (
+        sum(
+            boundary if every and i % every == 0 else saved + cast
+            for i, (saved, cast) in enumerate(zip(activations["layers"], activations["casts"], strict=True))
+        )
         + activations["masks"]
+    )
     phases = {
-        "cross-entropy backward": {"saved activations": kept + activations["final_norm"],
-                                   "logits + cross-entropy buffers": activations["logits_ce"]},
-        "decoder-layer backward": {"saved activations": kept,
-                                   "one layer's recompute + backward": activations["transient"]
-                                   + (activations["one_layer"] if every else 0)},
+        "cross-entropy backward": {
+            "saved activations": kept + activations["final_norm"],
+            "logits + cross-entropy buffers": activations["logits_ce"],
+        },
+        "decoder-layer backward": {
+            "saved activations": kept,
+            "one layer's recompute + backward": activations["transient"] + (activations["one_layer"] if every else 0),
+        },
     }
     peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
-    breakdown = {**persistent, "DDP buckets (views of the gradients)": 0, "cuBLAS workspaces": CUBLAS_WORKSPACE_BYTES,
-                 **phases[peak_phase]}
+    breakdown = {
+        **persistent,
+        "DDP buckets (views of the gradients)": 0,
+        "cuBLAS workspaces": CUBLAS_WORKSPACE_BYTES,
+        **phases[peak_phase],
+    }
     peak = sum(breakdown.values())
     margin = FRAGMENTATION * peak + CUDA_CONTEXT_BYTES + (NCCL_BYTES if world_size > 1 else 0)
     card, total = gpu_mem_gb * GiB, peak + margin
@@ -387,27 +501,59 @@ def estimate(param_shapes: dict, text_config: dict, layout: Layout, *, seq_len: 
     strategy, reason = _strategy(total, state, card, dp)
     ring = 2 * (dp - 1) / dp
     return {
-        "settings": dict(seq_len=seq_len, micro_batch=layout.micro_batch, accum=accum, world_size=world_size, tp=tp,
-                         dp=dp, lora_r=lora_r, lora_dropout=lora_dropout, targets=targets,
-                         ckpt_every=layout.ckpt_every, ce_chunk_tokens=layout.ce_chunk_tokens, offload=layout.offload,
-                         full=full, train_embeddings=train_embeddings, gpu_mem_gb=gpu_mem_gb,
-                         bus_bw_gbps=bus_bw_gbps),
-        "params": {"total": n_params, "by_group": by_group, "by_dtype": by_dtype,
-                   "under_language_model": sum(_numel(s) for n, (s, _) in param_shapes.items()
-                                               if "language_model." in n),
-                   "vocab": vocab, "hidden": hidden, "layers": len(activations["layers"]), "tied_embeddings": tied},
-        "lora_params": n_lora, "lora_modules": len(lora), "trainable_params": n_params if full else n_lora + emb_copy,
-        "bytes": persistent, "grad_bytes": grad_bytes,
-        "activations_ckpt_bytes": activations["boundaries"] + activations["masks"] + activations["one_layer"]
+        "settings": dict(
+            seq_len=seq_len,
+            micro_batch=layout.micro_batch,
+            accum=accum,
+            world_size=world_size,
+            tp=tp,
+            dp=dp,
+            lora_r=lora_r,
+            lora_dropout=lora_dropout,
+            targets=targets,
+            ckpt_every=layout.ckpt_every,
+            ce_chunk_tokens=layout.ce_chunk_tokens,
+            offload=layout.offload,
+            full=full,
+            train_embeddings=train_embeddings,
+            gpu_mem_gb=gpu_mem_gb,
+            bus_bw_gbps=bus_bw_gbps,
+        ),
+        "params": {
+            "total": n_params,
+            "by_group": by_group,
+            "by_dtype": by_dtype,
+            "under_language_model": sum(_numel(s) for n, (s, _) in param_shapes.items() if "language_model." in n),
+            "vocab": vocab,
+            "hidden": hidden,
+            "layers": len(activations["layers"]),
+            "tied_embeddings": tied,
+        },
+        "lora_params": n_lora,
+        "lora_modules": len(lora),
+        "trainable_params": n_params if full else n_lora + emb_copy,
+        "bytes": persistent,
+        "grad_bytes": grad_bytes,
+        "activations_ckpt_bytes": activations["boundaries"]
+        + activations["masks"]
+        + activations["one_layer"]
         + activations["transient"],
         "activations_no_ckpt_bytes": activations["all_layers"] + activations["masks"],
-        "activation_terms": activations["terms"], "layer_saved_bytes": activations["layers"],
+        "activation_terms": activations["terms"],
+        "layer_saved_bytes": activations["layers"],
         "logits_ce_bytes": activations["logits_ce"],
-        "peak_phase": peak_phase, "peak_breakdown": breakdown, "peak_bytes": peak,
-        "allocator_margin_bytes": margin, "total_bytes": total, "card_bytes": card, "fits": total <= card,
-        "strategy": strategy, "strategy_reason": reason,
+        "peak_phase": peak_phase,
+        "peak_breakdown": breakdown,
+        "peak_bytes": peak,
+        "allocator_margin_bytes": margin,
+        "total_bytes": total,
+        "card_bytes": card,
+        "fits": total <= card,
+        "strategy": strategy,
+        "strategy_reason": reason,
         "ddp_buckets": math.ceil(grad_bytes / DDP_BUCKET_BYTES),
-        "allreduce_ring_factor": ring, "allreduce_bytes": grad_bytes * ring,
+        "allreduce_ring_factor": ring,
+        "allreduce_bytes": grad_bytes * ring,
         "allreduce_seconds": grad_bytes * ring / (bus_bw_gbps * GB),
         "global_batch": layout.micro_batch * accum * dp,
         "full_finetune_bytes": full_finetune_bytes(n_params),
@@ -424,14 +570,18 @@ def candidate_layouts(samples_per_step: int) -> list[Layout]:
     first. Speed order, from the H200 measurements: less recomputation first (no checkpointing, then every
     4th, 2nd, every layer, then every layer with its input offloaded to host memory), then larger
     micro-batches (dividing samples_per_step), then larger loss chunks."""
-    return [Layout(micro_batch=micro, ckpt_every=every, offload=offload, ce_chunk_tokens=chunk)
-            for every, offload in ((0, False), (4, False), (2, False), (1, False), (1, True))
-            for micro in (8, 4, 2, 1) if samples_per_step % micro == 0
-            for chunk in (1024, 256, 64)]
+    return [
+        Layout(micro_batch=micro, ckpt_every=every, offload=offload, ce_chunk_tokens=chunk)
+        for every, offload in ((0, False), (4, False), (2, False), (1, False), (1, True))
+        for micro in (8, 4, 2, 1)
+        if samples_per_step % micro == 0
+        for chunk in (1024, 256, 64)
+    ]
 
 
-def plan_for_memory_target(param_shapes: dict, text_config: dict, target_gib: float, *, seq_len: int,
-                           samples_per_step: int, **kwargs) -> dict:
+def plan_for_memory_target(
+    param_shapes: dict, text_config: dict, target_gib: float, *, seq_len: int, samples_per_step: int, **kwargs
+) -> dict:
     """The fastest layout predicted to fit `target_gib` of allocated memory per GPU, for a fixed number of
     samples per GPU per optimizer step (so the global batch, hence the training, is unchanged):
     {"layout": Layout, "accum": samples_per_step // micro_batch, "peak_bytes": its predicted peak}.
@@ -443,11 +593,14 @@ def plan_for_memory_target(param_shapes: dict, text_config: dict, target_gib: fl
         smallest = min(smallest, peak)
         if peak * (1 + PREDICTION_MARGIN) <= target_gib * GiB:
             return {"layout": layout, "accum": accum, "peak_bytes": peak}
-    raise ValueError(f"no layout fits {target_gib} GiB per GPU at {seq_len} tokens: the smallest needs "
-                     f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs")
+    raise ValueError(
+        f"no layout fits {target_gib} GiB per GPU at {seq_len} tokens: the smallest needs "
+        f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs"
+    )
 
 
 # ---------------------------------------------------------------- report
+
 
 def _count(n: float) -> str:
     return f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M" if n >= 1e5 else f"{n:,.0f}"
@@ -463,38 +616,59 @@ def _describe_checkpointing(every: int, offload: bool) -> str:
 
 def format_report(result: dict) -> str:
     s, p = result["settings"], result["params"]
-    row = lambda label, n: f"  {label:<56}{n / GB:>9.2f} GB{n / GiB:>9.2f} GiB"
-    mode = ("full fine-tuning" if s["full"]
-            else f"LoRA r={s['lora_r']}" + (" + embeddings" if s["train_embeddings"] else ""))
-    out = [f"Parameters: {_count(p['total'])} ({_count(p['under_language_model'])} under "
-           f"model.language_model), {p['layers']} decoder layers, vocab {p['vocab']:,}, hidden {p['hidden']}"]
+
+    def row(label: str, n: float) -> str:
+        return f"  {label:<56}{n / GB:>9.2f} GB{n / GiB:>9.2f} GiB"
+
+    mode = (
+        "full fine-tuning"
+        if s["full"]
+        else f"LoRA r={s['lora_r']}" + (" + embeddings" if s["train_embeddings"] else "")
+    )
+    out = [
+        f"Parameters: {_count(p['total'])} ({_count(p['under_language_model'])} under "
+        f"model.language_model), {p['layers']} decoder layers, vocab {p['vocab']:,}, hidden {p['hidden']}"
+    ]
     out += [f"  {g:<20}{_count(n):>12}" for g, n in sorted(p["by_group"].items(), key=lambda x: -x[1])]
     out.append("  by dtype: " + ", ".join(f"{d} {_count(n)}" for d, n in p["by_dtype"].items()))
     if not s["full"]:
-        out.append(f"LoRA r={s['lora_r']} on {result['lora_modules']} modules (targets {s['targets']!r}): "
-                   f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)")
-    out.append(f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, "
-               f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
-               + (f"loss in chunks of {s['ce_chunk_tokens']} tokens" if s["ce_chunk_tokens"] else "loss over all logits")
-               + f", TP {s['tp']}, DP {s['dp']}")
+        out.append(
+            f"LoRA r={s['lora_r']} on {result['lora_modules']} modules (targets {s['targets']!r}): "
+            f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)"
+        )
+    out.append(
+        f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, "
+        f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
+        + (f"loss in chunks of {s['ce_chunk_tokens']} tokens" if s["ce_chunk_tokens"] else "loss over all logits")
+        + f", TP {s['tp']}, DP {s['dp']}"
+    )
     out += [row(k, v) for k, v in result["peak_breakdown"].items()]
-    out.append(row("predicted peak = torch.cuda.max_memory_allocated()", result["peak_bytes"])
-               + f"  (in {result['peak_phase']})")
+    out.append(
+        row("predicted peak = torch.cuda.max_memory_allocated()", result["peak_bytes"])
+        + f"  (in {result['peak_phase']})"
+    )
     out.append(row("allocator margin (fragmentation, CUDA context, NCCL)", result["allocator_margin_bytes"]))
-    out.append(row("total", result["total_bytes"]) + f"  of {s['gpu_mem_gb']:g} GiB: "
-               + ("fits" if result["fits"] else "DOES NOT FIT"))
+    out.append(
+        row("total", result["total_bytes"])
+        + f"  of {s['gpu_mem_gb']:g} GiB: "
+        + ("fits" if result["fits"] else "DOES NOT FIT")
+    )
     out.append("  for reference:")
     out.append(row("activations with checkpointing (one layer in flight)", result["activations_ckpt_bytes"]))
     out.append(row("activations without checkpointing", result["activations_no_ckpt_bytes"]))
     out.append(row(f"logits + cross-entropy buffers (FP32, vocab {p['vocab']:,})", result["logits_ce_bytes"]))
     out.append(row("full fine-tuning state, 16 B/param, before activations", result["full_finetune_bytes"]))
     out.append(f"\nStrategy: {result['strategy']}: {result['strategy_reason']}.")
-    out.append(f"Gradient all-reduce per optimizer step: {result['grad_bytes'] / GB:.3f} GB of gradients "
-               f"({result['ddp_buckets']} DDP buckets) x ring factor 2(N-1)/N = {result['allreduce_ring_factor']:.2f}"
-               f" (N = DP = {s['dp']})\n  = {result['allreduce_bytes'] / GB:.3f} GB per GPU, "
-               f"{1e3 * result['allreduce_seconds']:.1f} ms at {s['bus_bw_gbps']:g} GB/s bus bandwidth")
-    out.append(f"Global batch: micro {s['micro_batch']} x accumulation {s['accum']} x DP {s['dp']} "
-               f"(= world {s['world_size']} / TP {s['tp']}) = {result['global_batch']} sequences per update")
+    out.append(
+        f"Gradient all-reduce per optimizer step: {result['grad_bytes'] / GB:.3f} GB of gradients "
+        f"({result['ddp_buckets']} DDP buckets) x ring factor 2(N-1)/N = {result['allreduce_ring_factor']:.2f}"
+        f" (N = DP = {s['dp']})\n  = {result['allreduce_bytes'] / GB:.3f} GB per GPU, "
+        f"{1e3 * result['allreduce_seconds']:.1f} ms at {s['bus_bw_gbps']:g} GB/s bus bandwidth"
+    )
+    out.append(
+        f"Global batch: micro {s['micro_batch']} x accumulation {s['accum']} x DP {s['dp']} "
+        f"(= world {s['world_size']} / TP {s['tp']}) = {result['global_batch']} sequences per update"
+    )
     return "\n".join(out)
 
 
@@ -506,36 +680,67 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DP = world size / TP)")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sample after padding")
-    ap.add_argument("--micro-batch", type=int, default=DEFAULT_LAYOUT.micro_batch,
-                    help="samples per GPU per forward (train_ddp.py's MICRO_BATCH)")
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=DEFAULT_LAYOUT.micro_batch,
+        help="samples per GPU per forward (train_ddp.py's MICRO_BATCH)",
+    )
     ap.add_argument("--accum", type=int, default=8, help="gradient accumulation steps (ACCUM_STEPS)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-dropout", type=float, default=0.05)
     ap.add_argument("--targets", default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"')
-    ap.add_argument("--ckpt-every", type=int, default=DEFAULT_LAYOUT.ckpt_every, metavar="N",
-                    help="gradient checkpointing of every Nth decoder layer, 0: none (GRADIENT_CHECKPOINTING)")
-    ap.add_argument("--no-grad-ckpt", dest="ckpt_every", action="store_const", const=0,
-                    default=DEFAULT_LAYOUT.ckpt_every, help="no gradient checkpointing (= --ckpt-every 0)")
-    ap.add_argument("--ckpt-offload", action="store_true", default=DEFAULT_LAYOUT.offload,
-                    help="checkpointed layers keep their input in pinned host memory (CHECKPOINT_OFFLOAD)")
-    ap.add_argument("--ce-chunk-tokens", type=int, default=DEFAULT_LAYOUT.ce_chunk_tokens,
-                    help="loss in checkpointed chunks of this many target tokens, 0: all logits at once "
-                         "(CE_CHUNK_TOKENS)")
+    ap.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=DEFAULT_LAYOUT.ckpt_every,
+        metavar="N",
+        help="gradient checkpointing of every Nth decoder layer, 0: none (GRADIENT_CHECKPOINTING)",
+    )
+    ap.add_argument(
+        "--no-grad-ckpt",
+        dest="ckpt_every",
+        action="store_const",
+        const=0,
+        default=DEFAULT_LAYOUT.ckpt_every,
+        help="no gradient checkpointing (= --ckpt-every 0)",
+    )
+    ap.add_argument(
+        "--ckpt-offload",
+        action="store_true",
+        default=DEFAULT_LAYOUT.offload,
+        help="checkpointed layers keep their input in pinned host memory (CHECKPOINT_OFFLOAD)",
+    )
+    ap.add_argument(
+        "--ce-chunk-tokens",
+        type=int,
+        default=DEFAULT_LAYOUT.ce_chunk_tokens,
+        help="loss in checkpointed chunks of this many target tokens, 0: all logits at once (CE_CHUNK_TOKENS)",
+    )
     ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    ap.add_argument("--train-embeddings", action="store_true",
-                    help="embed_tokens/lm_head trainable (PEFT modules_to_save)")
+    ap.add_argument(
+        "--train-embeddings", action="store_true", help="embed_tokens/lm_head trainable (PEFT modules_to_save)"
+    )
     ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
     ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
-    ap.add_argument("--attention", choices=("ffpa", "sdpa", "masked"), default="ffpa",
-                    help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed)")
+    ap.add_argument(
+        "--attention",
+        choices=("ffpa", "sdpa", "masked"),
+        default="ffpa",
+        help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed)",
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
     """The layout the command line describes."""
-    return Layout(micro_batch=args.micro_batch, ckpt_every=args.ckpt_every, offload=args.ckpt_offload,
-                  ce_chunk_tokens=args.ce_chunk_tokens)
+    return Layout(
+        micro_batch=args.micro_batch,
+        ckpt_every=args.ckpt_every,
+        offload=args.ckpt_offload,
+        ce_chunk_tokens=args.ce_chunk_tokens,
+    )
 
 
 def main(argv=None) -> int:
@@ -546,11 +751,23 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     shapes = param_shapes_from_path(args.model)
-    result = estimate(shapes, load_config(args.model), layout, seq_len=args.seq_len,
-                      world_size=args.gpus_per_node * args.nodes, tp=args.tp, lora_r=args.lora_r, targets=args.targets,
-                      full=args.full, train_embeddings=args.train_embeddings, gpu_mem_gb=args.gpu_mem_gb,
-                      bus_bw_gbps=args.bus_bw_gbps, accum=args.accum, lora_dropout=args.lora_dropout,
-                      attention=args.attention)
+    result = estimate(
+        shapes,
+        load_config(args.model),
+        layout,
+        seq_len=args.seq_len,
+        world_size=args.gpus_per_node * args.nodes,
+        tp=args.tp,
+        lora_r=args.lora_r,
+        targets=args.targets,
+        full=args.full,
+        train_embeddings=args.train_embeddings,
+        gpu_mem_gb=args.gpu_mem_gb,
+        bus_bw_gbps=args.bus_bw_gbps,
+        accum=args.accum,
+        lora_dropout=args.lora_dropout,
+        attention=args.attention,
+    )
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0
 

@@ -6,6 +6,7 @@
   anything is loaded, so a truncated or corrupted checkpoint is named instead of half-loaded.
 - `OutputLock`: one job per OUTPUT_DIR; a lock left by a dead job is taken over.
 """
+
 import atexit
 import hashlib
 import json
@@ -16,13 +17,35 @@ import time
 from pathlib import Path
 
 # Constants whose change makes a resumed run train differently from the run that wrote the checkpoint.
-TRAINING = ("MODEL_ID", "MODEL_CONFIG", "MAX_LEN", "ASSISTANT_ONLY_LOSS", "EPOCHS", "MAX_STEPS", "LR",
-            "WARMUP_STEPS", "WEIGHT_DECAY", "GRAD_CLIP", "LORA_R", "LORA_ALPHA", "LORA_DROPOUT", "LORA_TARGETS",
-            "GROUP_BY_LENGTH", "SEED")
+TRAINING = (
+    "MODEL_ID",
+    "MODEL_CONFIG",
+    "MAX_LEN",
+    "ASSISTANT_ONLY_LOSS",
+    "EPOCHS",
+    "MAX_STEPS",
+    "LR",
+    "WARMUP_STEPS",
+    "WEIGHT_DECAY",
+    "GRAD_CLIP",
+    "LORA_R",
+    "LORA_ALPHA",
+    "LORA_DROPOUT",
+    "LORA_TARGETS",
+    "GROUP_BY_LENGTH",
+    "SEED",
+)
 # ... of which these make a checkpoint unusable whatever the user allows: the adapter's shapes, or
 # what its position in the data means.
-STRUCTURAL = ("MODEL_ID", "MODEL_CONFIG", "model_config_sha256", "LORA_R", "LORA_TARGETS", "world_size",
-              "samples_per_rank_step")
+STRUCTURAL = (
+    "MODEL_ID",
+    "MODEL_CONFIG",
+    "model_config_sha256",
+    "LORA_R",
+    "LORA_TARGETS",
+    "world_size",
+    "samples_per_rank_step",
+)
 MANIFEST = "manifest.json"
 
 
@@ -34,15 +57,18 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def identity(settings: dict, world_size: int, samples_per_rank_step: int, data_path: str,
-             model_config: dict) -> dict:
+def identity(settings: dict, world_size: int, samples_per_rank_step: int, data_path: str, model_config: dict) -> dict:
     """The values a resumed run must share with the checkpoint's run. The data is identified by its
     content (a copy elsewhere is the same data; a changed file at the same path is not), the model by
     its name and its configuration (transformers' version field left out)."""
     config = {k: v for k, v in model_config.items() if k != "transformers_version"}
-    return {**{name: settings[name] for name in TRAINING}, "world_size": world_size,
-            "samples_per_rank_step": samples_per_rank_step, "data_sha256": sha256_file(Path(data_path)),
-            "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()}
+    return {
+        **{name: settings[name] for name in TRAINING},
+        "world_size": world_size,
+        "samples_per_rank_step": samples_per_rank_step,
+        "data_sha256": sha256_file(Path(data_path)),
+        "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+    }
 
 
 def differences(saved: dict, current: dict) -> list[str]:
@@ -52,8 +78,11 @@ def differences(saved: dict, current: dict) -> list[str]:
 
 
 def write_manifest(folder: Path) -> None:
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name != MANIFEST
+    }
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
@@ -81,6 +110,7 @@ class OutputLock:
     on the same host when its pid no longer runs; from another host when its holder has not refreshed
     it (a thread does, every minute) for ten minutes. Released at exit.
     """
+
     REFRESH_S, STALE_AFTER_S = 60, 600
 
     def __init__(self, directory: str):
@@ -97,9 +127,11 @@ class OutputLock:
                 holder = self.holder()
                 if holder is not None and not self.is_stale(holder):
                     raise RuntimeError(
-                        f"{self.path.parent} is in use by another job (host {holder.get('host')}, pid {holder.get('pid')}, "
+                        f"{self.path.parent} is in use by another job (host {holder.get('host')}, "
+                        f"pid {holder.get('pid')}, "
                         f"started {holder.get('started')}): use another OUTPUT_DIR, or stop that job. If it is dead on "
-                        f"another host, delete {self.path}.") from None
+                        f"another host, delete {self.path}."
+                    ) from None
                 try:  # stale: move it aside; of two jobs racing for it, only one rename succeeds
                     self.path.rename(self.path.with_name(f".lock.stale-{os.getpid()}"))
                 except FileNotFoundError:

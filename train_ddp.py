@@ -6,13 +6,14 @@
 Every constant below can be overridden by an environment variable of the same name (torchrun passes
 the environment to every rank, so all ranks see the same configuration).
 """
+
+import errno
+import functools
 import hashlib
 import json
 import math
 import os
 import re
-import errno
-import functools
 import shutil
 import signal
 import socket
@@ -100,7 +101,9 @@ MEMORY_TARGET_GIB = env("MEMORY_TARGET_GIB", 0.0)
 ATTENTION_KERNEL = env("ATTENTION_KERNEL", "auto")
 COMPILE_LAYERS = env("COMPILE_LAYERS", False)  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
 CE_CHUNK_TOKENS = env("CE_CHUNK_TOKENS", 1024)  # loss over target positions only, in chunks; 0 = full FP32 logits
-LORA_BF16_INPUTS = env("LORA_BF16_INPUTS", True)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
+LORA_BF16_INPUTS = env(
+    "LORA_BF16_INPUTS", True
+)  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
 GROUP_BY_LENGTH = env("GROUP_BY_LENGTH", True)  # similar lengths share a micro-batch (within one optimizer step)
 PAD_TO_MULTIPLE = env("PAD_TO_MULTIPLE", 64)  # fewer distinct shapes: kernels (cuDNN attention) plan once per shape
 SEED = env("SEED", 1234)
@@ -116,8 +119,9 @@ SAVE_ON_SIGTERM = env("SAVE_ON_SIGTERM", True)  # SIGTERM/Ctrl-C: finish the ste
 NAN_POLICY = env("NAN_POLICY", "skip")  # non-finite loss/grad on any rank: "skip" the update or "stop"
 DRIFT_CHECK_EVERY = env("DRIFT_CHECK_EVERY", 50)  # compare adapter checksums across ranks (0: only at the end)
 DIST_TIMEOUT_S = env("DIST_TIMEOUT_S", 300)  # after step 1: a collective stuck this long ends the job with a report
-DIST_INIT_TIMEOUT_S = env("DIST_INIT_TIMEOUT_S", 1800)  # until step 1 is done (ranks load and compile at their own pace)
-FAULT_INJECT = env("FAULT_INJECT", "")  # tests only: KIND@STEP[@RANK], KIND in nan, drift, die, hang, save
+DIST_INIT_TIMEOUT_S = env(
+    "DIST_INIT_TIMEOUT_S", 1800
+)  # until step 1 is done (ranks load and compile at their own pace)
 
 
 class InputError(Exception):
@@ -126,19 +130,31 @@ class InputError(Exception):
 
 # What each constant allows, where not every value of its type makes sense.
 ALLOWED = {
-    "MAX_LEN": (lambda v: v >= 2, ">= 2"), "MICRO_BATCH": (lambda v: v >= 1, ">= 1"),
-    "ACCUM_STEPS": (lambda v: v >= 1, ">= 1"), "EPOCHS": (lambda v: v >= 1, ">= 1"),
-    "MAX_STEPS": (lambda v: v >= 0, ">= 0 (0: all epochs)"), "LR": (lambda v: 0 < v < 1, "between 0 and 1"),
-    "WARMUP_STEPS": (lambda v: v >= 0, ">= 0"), "WEIGHT_DECAY": (lambda v: v >= 0, ">= 0"),
-    "GRAD_CLIP": (lambda v: v >= 0, ">= 0 (0: no clipping)"), "LORA_R": (lambda v: v >= 1, ">= 1"),
-    "LORA_ALPHA": (lambda v: v > 0, "> 0"), "LORA_DROPOUT": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "MAX_LEN": (lambda v: v >= 2, ">= 2"),
+    "MICRO_BATCH": (lambda v: v >= 1, ">= 1"),
+    "ACCUM_STEPS": (lambda v: v >= 1, ">= 1"),
+    "EPOCHS": (lambda v: v >= 1, ">= 1"),
+    "MAX_STEPS": (lambda v: v >= 0, ">= 0 (0: all epochs)"),
+    "LR": (lambda v: 0 < v < 1, "between 0 and 1"),
+    "WARMUP_STEPS": (lambda v: v >= 0, ">= 0"),
+    "WEIGHT_DECAY": (lambda v: v >= 0, ">= 0"),
+    "GRAD_CLIP": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "LORA_R": (lambda v: v >= 1, ">= 1"),
+    "LORA_ALPHA": (lambda v: v > 0, "> 0"),
+    "LORA_DROPOUT": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "GRADIENT_CHECKPOINTING": (lambda v: v >= 0, ">= 0 (every Nth layer; 0: none)"),
-    "MEMORY_TARGET_GIB": (lambda v: v >= 0, ">= 0 (0: off)"), "CE_CHUNK_TOKENS": (lambda v: v >= 0, ">= 0 (0: off)"),
-    "PAD_TO_MULTIPLE": (lambda v: v >= 1, ">= 1"), "NUM_WORKERS": (lambda v: v >= 0, ">= 0"),
-    "LOG_EVERY": (lambda v: v >= 0, ">= 0"), "PROFILE_STEP": (lambda v: v >= 0, ">= 0"),
-    "EVAL_EVERY": (lambda v: v >= 0, ">= 0"), "SAVE_EVERY": (lambda v: v >= 0, ">= 0"),
-    "KEEP_CHECKPOINTS": (lambda v: v >= 1, ">= 1"), "NAN_POLICY": (lambda v: v in ("skip", "stop"), "skip or stop"),
-    "DRIFT_CHECK_EVERY": (lambda v: v >= 0, ">= 0"), "DIST_TIMEOUT_S": (lambda v: v > 0, "> 0"),
+    "MEMORY_TARGET_GIB": (lambda v: v >= 0, ">= 0 (0: off)"),
+    "CE_CHUNK_TOKENS": (lambda v: v >= 0, ">= 0 (0: off)"),
+    "PAD_TO_MULTIPLE": (lambda v: v >= 1, ">= 1"),
+    "NUM_WORKERS": (lambda v: v >= 0, ">= 0"),
+    "LOG_EVERY": (lambda v: v >= 0, ">= 0"),
+    "PROFILE_STEP": (lambda v: v >= 0, ">= 0"),
+    "EVAL_EVERY": (lambda v: v >= 0, ">= 0"),
+    "SAVE_EVERY": (lambda v: v >= 0, ">= 0"),
+    "KEEP_CHECKPOINTS": (lambda v: v >= 1, ">= 1"),
+    "NAN_POLICY": (lambda v: v in ("skip", "stop"), "skip or stop"),
+    "DRIFT_CHECK_EVERY": (lambda v: v >= 0, ">= 0"),
+    "DIST_TIMEOUT_S": (lambda v: v > 0, "> 0"),
     "DIST_INIT_TIMEOUT_S": (lambda v: v > 0, "> 0"),
     "ATTENTION_KERNEL": (lambda v: v in attention.KERNELS, " or ".join(attention.KERNELS)),
 }
@@ -149,16 +165,79 @@ def check_settings() -> list[str]:
     variables that look like a misspelled constant (MICROBATCH for MICRO_BATCH)."""
     import difflib
 
-    bad = UNPARSABLE + [f"{name}={globals()[name]!r}: allowed {text}" for name, (ok, text) in ALLOWED.items()
-                        if SOURCES[name] != "default" and not ok(globals()[name])]
+    bad = UNPARSABLE + [
+        f"{name}={globals()[name]!r}: allowed {text}"
+        for name, (ok, text) in ALLOWED.items()
+        if SOURCES[name] != "default" and not ok(globals()[name])
+    ]
     if bad:
         raise InputError("; ".join(bad))
     warnings = []
     for var in os.environ:
         close = difflib.get_close_matches(var, SOURCES, n=1, cutoff=0.85)
         if close and var not in SOURCES:
-            warnings.append(f"warning: {var}={os.environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?")
+            warnings.append(
+                f"warning: {var}={os.environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?"
+            )
     return warnings
+
+
+# ----------------------------------------------------------------------------------------------
+# The planner: constants a machine or memory_budget.py chooses, resolved before anything reads them
+def plan_settings() -> None:
+    """ATTENTION_KERNEL=auto becomes the kernel this machine runs; MEMORY_TARGET_GIB lets memory_budget.py
+    choose the layout constants. Same result on every rank; shown as "planner" in the printed settings."""
+    choose_attention_kernel()
+    if MEMORY_TARGET_GIB > 0:
+        apply_memory_target()
+
+
+def choose_attention_kernel() -> None:
+    """ATTENTION_KERNEL=auto becomes the kernel this machine runs (same on every rank); said once."""
+    global ATTENTION_KERNEL
+    requested = ATTENTION_KERNEL
+    try:
+        ATTENTION_KERNEL, line = attention.choose(
+            requested, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        )
+    except ValueError as e:
+        raise InputError(f"ATTENTION_KERNEL={requested}: {e}") from None
+    if requested == "auto":
+        SOURCES["ATTENTION_KERNEL"] = "planner"
+    rank0_print(line)
+
+
+def apply_memory_target() -> None:
+    """MEMORY_TARGET_GIB: let memory_budget.py choose the layout constants (same on every rank)."""
+    global MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS
+    import memory_budget
+
+    source = MODEL_CONFIG or MODEL_ID
+    try:
+        plan = memory_budget.plan_for_memory_target(
+            memory_budget.param_shapes_from_path(source),
+            memory_budget.load_config(source),
+            MEMORY_TARGET_GIB,
+            seq_len=MAX_LEN,
+            samples_per_step=MICRO_BATCH * ACCUM_STEPS,
+            world_size=int(os.environ["WORLD_SIZE"]),
+            lora_r=LORA_R,
+            targets=LORA_TARGETS,
+            lora_dropout=LORA_DROPOUT,
+            attention=ATTENTION_KERNEL,
+        )
+    except ValueError as e:
+        raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
+    layout = plan["layout"]
+    MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = layout.micro_batch, plan["accum"], layout.ckpt_every
+    CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = layout.offload, layout.ce_chunk_tokens
+    SOURCES.update(
+        dict.fromkeys(
+            ["MICRO_BATCH", "ACCUM_STEPS", "GRADIENT_CHECKPOINTING", "CHECKPOINT_OFFLOAD", "CE_CHUNK_TOKENS"], "planner"
+        )
+    )
+    if int(os.environ["RANK"]) == 0:
+        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,25 +245,26 @@ def check_settings() -> list[str]:
 def rank_info() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) from torchrun's environment; a plain `python train_ddp.py` is rank 0 of 1."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT", "29511"),
+        )
     return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def init_distributed(local_rank: int) -> torch.device:
-    """NCCL bound to LOCAL_RANK's GPU when CUDA exists, gloo on CPU. The flight recorder keeps each rank's
-    last collectives (read by HangWatchdog, dumped to OUTPUT_DIR when a collective times out)."""
+def init_distributed(device: torch.device) -> None:
+    """NCCL bound to this rank's GPU, gloo on CPU. The flight recorder keeps each rank's last collectives
+    (read by HangWatchdog, dumped to OUTPUT_DIR when a collective times out)."""
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(OUTPUT_DIR).resolve() / "flight_recorder_rank_"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+    if device.type == "cuda":
         dist.init_process_group("nccl", timeout=backend_timeout(DIST_INIT_TIMEOUT_S), device_id=device)
     else:
-        device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=backend_timeout(DIST_INIT_TIMEOUT_S))
-    return device
 
 
 NCCL_BACKSTOP_S = 60
@@ -226,8 +306,9 @@ class HangWatchdog(threading.Thread):
         self.rank, self.world, self.timeout_s = rank, world, DIST_INIT_TIMEOUT_S
         self.grace_s = 0 if torch.cuda.is_available() else 5
         attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                               timeout=timedelta(seconds=10))
+        client = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+        )
         self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
         self.stopped = threading.Event()
         self.posted = None
@@ -235,8 +316,10 @@ class HangWatchdog(threading.Thread):
     def state(self, only_pending: bool = True) -> tuple[list[dict], int]:
         """(collectives in the flight recorder, oldest first; number of the last one this rank entered)."""
         trace = json.loads(flight_recorder(includeCollectives=True, onlyActive=only_pending))
-        entries = sorted((e for e in trace.get("entries", []) if not (only_pending and e.get("retired"))),
-                         key=lambda e: e["collective_seq_id"])
+        entries = sorted(
+            (e for e in trace.get("entries", []) if not (only_pending and e.get("retired"))),
+            key=lambda e: e["collective_seq_id"],
+        )
         entered = max((int(s["last_enqueued_collective"]) for s in trace.get("pg_status", {}).values()), default=0)
         return entries, entered
 
@@ -251,8 +334,11 @@ class HangWatchdog(threading.Thread):
                 main = sys._current_frames().get(threading.main_thread().ident)
                 calls = [f"{f.name} (line {f.lineno})" for f in traceback.extract_stack(main) if f.filename == __file__]
                 report = f"collective timeout {step_position()}: {self.describe(pending[0])}"
-                print(f"[rank {self.rank}] {report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[rank {self.rank}] {report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 record_for_torchrun(TimeoutError(report))
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
 
@@ -271,7 +357,9 @@ class HangWatchdog(threading.Thread):
     def ranks_behind(self, seq: int) -> list[int] | str:
         """The ranks whose last posted collective number is below `seq`: they never entered it."""
         try:
-            posted = {r: int(self.store.get(f"entered/{r}")) for r in range(self.world) if self.store.check([f"entered/{r}"])}
+            posted = {
+                r: int(self.store.get(f"entered/{r}")) for r in range(self.world) if self.store.check([f"entered/{r}"])
+            }
         except (RuntimeError, OSError) as err:  # the store's host is gone too
             return f"unknown ({type(err).__name__})"
         return [r for r in range(self.world) if posted.get(r, 0) < seq]
@@ -284,8 +372,10 @@ class HangWatchdog(threading.Thread):
         dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
         dump.write_bytes(flight_recorder(json_format=False))  # NCCL's own dump would come only at its backstop
         missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
-        return (f"{e['profiling_name']} #{seq} (sizes {e['input_sizes']}, issued {age:.0f} s ago); ranks that never "
-                f"entered it: {missing}; flight recorder dump: {dump} (a pickle of this rank's last collectives)")
+        return (
+            f"{e['profiling_name']} #{seq} (sizes {e['input_sizes']}, issued {age:.0f} s ago); ranks that never "
+            f"entered it: {missing}; flight recorder dump: {dump} (a pickle of this rank's last collectives)"
+        )
 
     def stop(self) -> None:
         self.stopped.set()
@@ -303,6 +393,7 @@ class GracefulStop:
     SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
     (a cluster signals every process, torchrun its workers again) change nothing.
     """
+
     GRACE_S, CHECK_S = 25.0, 5.0
 
     def __init__(self):
@@ -335,8 +426,12 @@ class GracefulStop:
             gone = [r for r in now if now[r] == before[r] and r != self.watchdog.rank]
             if gone or time.monotonic() - start > self.GRACE_S:
                 why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
-                print(f"[rank {self.watchdog.rank}] {self.signal.name}: {why} ({step_position()}); "
-                      f"exiting without a checkpoint", file=sys.stderr, flush=True)
+                print(
+                    f"[rank {self.watchdog.rank}] {self.signal.name}: {why} ({step_position()}); "
+                    f"exiting without a checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(128 + self.signal.value)
             before = now
 
@@ -346,7 +441,8 @@ STOP = GracefulStop()
 
 def step_position() -> str:
     step, done = _step["current"], _step["completed"]
-    return f"{f'in optimizer step {step}' if step != done else f'after optimizer step {done}'}; last completed step: {done}"
+    where = f"in optimizer step {step}" if step != done else f"after optimizer step {done}"
+    return f"{where}; last completed step: {done}"
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
@@ -370,8 +466,10 @@ def check_model_source() -> None:
     from huggingface_hub import constants, try_to_load_from_cache
 
     if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(MODEL_ID, "config.json"), str):
-        raise InputError(f"MODEL_ID {MODEL_ID!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
-                         f"it first (huggingface-cli download {MODEL_ID}) or point MODEL_ID to a local folder")
+        raise InputError(
+            f"MODEL_ID {MODEL_ID!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
+            f"it first (huggingface-cli download {MODEL_ID}) or point MODEL_ID to a local folder"
+        )
 
 
 def check_writable(directory: str) -> None:
@@ -401,14 +499,17 @@ def load_conversations(path: str) -> list[list[dict]]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise InputError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                             f"save the file as UTF-8") from None
+            raise InputError(
+                f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
+            ) from None
         if not line.strip():
             continue
         if not rows and line.lstrip().startswith("["):
-            raise InputError(f"{where}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
-                             f"python -c \"import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]\" "
-                             f"{path} > {Path(path).stem}.jsonl")
+            raise InputError(
+                f"{where}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
+                f'python -c "import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]" '
+                f"{path} > {Path(path).stem}.jsonl"
+            )
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -435,17 +536,22 @@ def load_conversations(path: str) -> list[list[dict]]:
 def format_hint(row) -> str:
     """How to turn the other two formats people bring into 'messages' rows."""
     if isinstance(row, dict) and isinstance(row.get("conversations"), list):
-        return ("; this looks like ShareGPT: rename 'conversations' to 'messages', 'from' to 'role' and 'value' to "
-                "'content', with roles human -> user, gpt -> assistant")
+        return (
+            "; this looks like ShareGPT: rename 'conversations' to 'messages', 'from' to 'role' and 'value' to "
+            "'content', with roles human -> user, gpt -> assistant"
+        )
     if isinstance(row, dict) and {"prompt", "completion"} <= row.keys():
-        return ("; this looks like prompt/completion: write {\"messages\": [{\"role\": \"user\", \"content\": prompt}, "
-                "{\"role\": \"assistant\", \"content\": completion}]} (the loss then covers the completion only)")
+        return (
+            '; this looks like prompt/completion: write {"messages": [{"role": "user", "content": prompt}, '
+            '{"role": "assistant", "content": completion}]} (the loss then covers the completion only)'
+        )
     return ""
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
     """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
     assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
+
     def render(msgs, add_generation_prompt=False):
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -498,25 +604,36 @@ class StepOrder(Sampler):
     def __iter__(self):
         order = list(self.sampler)
         if self.lengths is not None:
-            order = [i for start in range(0, len(order), self.window)
-                     for i in sorted(order[start:start + self.window], key=lambda i: -self.lengths[i])]
-        return iter(order[self.skip:])
+            order = [
+                i
+                for start in range(0, len(order), self.window)
+                for i in sorted(order[start : start + self.window], key=lambda i: -self.lengths[i])
+            ]
+        return iter(order[self.skip :])
 
     def __len__(self):
         return len(self.sampler) - self.skip
 
 
-def train_loader(dataset, rank: int, world: int, epoch: int, skip_samples: int, collate: PadCollate,
-                 lengths: list[int] | None = None) -> DataLoader:
+def train_loader(
+    dataset, rank: int, world: int, epoch: int, skip_samples: int, collate: PadCollate, lengths: list[int] | None = None
+) -> DataLoader:
     # drop_last twice: the sampler gives every rank the same number of samples, the loader the
     # same number of full micro-batches, so every rank runs the same number of steps (no hang).
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
     sampler.set_epoch(epoch)
     order = StepOrder(sampler, skip_samples, lengths, window=MICRO_BATCH * ACCUM_STEPS)
-    return DataLoader(dataset, batch_size=MICRO_BATCH, sampler=order,
-                      drop_last=True, collate_fn=collate, num_workers=NUM_WORKERS,
-                      worker_init_fn=ignore_stop_signals if SAVE_ON_SIGTERM else None,
-                      persistent_workers=False, pin_memory=torch.cuda.is_available())
+    return DataLoader(
+        dataset,
+        batch_size=MICRO_BATCH,
+        sampler=order,
+        drop_last=True,
+        collate_fn=collate,
+        num_workers=NUM_WORKERS,
+        worker_init_fn=ignore_stop_signals if SAVE_ON_SIGTERM else None,
+        persistent_workers=False,
+        pin_memory=torch.cuda.is_available(),
+    )
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -529,28 +646,38 @@ def ignore_stop_signals(worker_id: int) -> None:
 def data_summary(tokenizer, conversations: list, used_per_epoch: int, sample_size: int = 1000) -> str:
     """What MAX_LEN and drop_last do to the data, from up to `sample_size` rows spread over the file (the
     same rows on every rank; this also checks the chat template). Stops when no row keeps a target."""
-    sample = conversations[::max(1, len(conversations) // sample_size)]
+    sample = conversations[:: max(1, len(conversations) // sample_size)]
     cut = targets = kept = no_target = 0
     for messages in sample:
         labels = tokenize_conversation(tokenizer, messages, 1 << 30, ASSISTANT_ONLY_LOSS)["labels"]
         row_targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
         row_kept = sum(label != IGNORE_INDEX for label in labels[1:MAX_LEN])
-        cut, targets, kept, no_target = cut + (len(labels) > MAX_LEN), targets + row_targets, kept + row_kept, \
-            no_target + (row_kept == 0)
+        cut, targets, kept, no_target = (
+            cut + (len(labels) > MAX_LEN),
+            targets + row_targets,
+            kept + row_kept,
+            no_target + (row_kept == 0),
+        )
     if kept == 0:
-        raise InputError(f"{DATA_PATH}: no row keeps a target token within MAX_LEN={MAX_LEN} (the assistant turns "
-                         f"come later): raise MAX_LEN")
-    return (f"data: {len(conversations)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={MAX_LEN} "
-            f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
-            f"{len(conversations) - used_per_epoch} rows per epoch left out by drop_last")
+        raise InputError(
+            f"{DATA_PATH}: no row keeps a target token within MAX_LEN={MAX_LEN} (the assistant turns "
+            f"come later): raise MAX_LEN"
+        )
+    return (
+        f"data: {len(conversations)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={MAX_LEN} "
+        f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
+        f"{len(conversations) - used_per_epoch} rows per epoch left out by drop_last"
+    )
 
 
 def steps_per_epoch(n_samples: int, world: int) -> int:
     """Optimizer steps per epoch, identical on every rank; a partial accumulation window is dropped."""
     per_step = world * MICRO_BATCH * ACCUM_STEPS
     if n_samples // per_step == 0:
-        raise InputError(f"{DATA_PATH}: {n_samples} samples, but one optimizer step needs "
-                         f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{MICRO_BATCH}*{ACCUM_STEPS} = {per_step}")
+        raise InputError(
+            f"{DATA_PATH}: {n_samples} samples, but one optimizer step needs "
+            f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{MICRO_BATCH}*{ACCUM_STEPS} = {per_step}"
+        )
     return (n_samples // world // MICRO_BATCH) // ACCUM_STEPS
 
 
@@ -568,11 +695,13 @@ def load_model(device: torch.device):
     if MODEL_CONFIG:  # random weights, same on every rank (same seed); DDP broadcasts rank 0's anyway
         torch.manual_seed(SEED)
         with device:
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_CONFIG), dtype=dtype,
-                                                     attn_implementation=implementation)
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(MODEL_CONFIG), dtype=dtype, attn_implementation=implementation
+            )
     else:
-        model = AutoModelForCausalLM.from_pretrained(MODEL_ID, dtype=dtype, device_map={"": device},
-                                                     attn_implementation=implementation)
+        model = AutoModelForCausalLM.from_pretrained(
+            MODEL_ID, dtype=dtype, device_map={"": device}, attn_implementation=implementation
+        )
     model.config.use_cache = False
     return model
 
@@ -586,10 +715,14 @@ def add_lora(model):
         examples = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][:3]
         raise InputError(f"LORA_TARGETS {LORA_TARGETS!r} matches no Linear module (names look like {examples})")
     if GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                                              every_n_layers=GRADIENT_CHECKPOINTING, offload=CHECKPOINT_OFFLOAD)
-    config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT,
-                        target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=GRADIENT_CHECKPOINTING,
+            offload=CHECKPOINT_OFFLOAD,
+        )
+    config = LoraConfig(
+        r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+    )
     peft_model = get_peft_model(model, config)  # adapters are FP32 even on a BF16 base (PEFT's default)
     if LORA_BF16_INPUTS:  # PEFT casts each input to the FP32 adapter dtype, then autocast casts it back
         for module in peft_model.modules():
@@ -623,8 +756,9 @@ class CausalLMLoss(torch.nn.Module):
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
     def forward(self, input_ids, attention_mask, labels, right_padded=False):
-        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                              right_padded=right_padded).last_hidden_state
+        hidden = self.decoder(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, right_padded=right_padded
+        ).last_hidden_state
         hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
         n_targets = (targets != IGNORE_INDEX).sum()
         if CE_CHUNK_TOKENS <= 0:
@@ -635,8 +769,12 @@ class CausalLMLoss(torch.nn.Module):
         # so backward runs and DDP's reducer gets the (zero) gradients it waits for.
         loss = hidden.float().sum() * 0.0
         for i in range(0, targets.numel(), CE_CHUNK_TOKENS):
-            loss = loss + checkpoint(self.logits_loss_sum, hidden[i:i + CE_CHUNK_TOKENS],
-                                     targets[i:i + CE_CHUNK_TOKENS], use_reentrant=False)
+            loss = loss + checkpoint(
+                self.logits_loss_sum,
+                hidden[i : i + CE_CHUNK_TOKENS],
+                targets[i : i + CE_CHUNK_TOKENS],
+                use_reentrant=False,
+            )
         return loss, n_targets
 
 
@@ -662,8 +800,10 @@ def check_replicas_identical(model, step: int) -> str:
         # Name the ranks outside the largest agreeing group (ties: rank 0's group), not "all but rank 0".
         majority = max(set(sums), key=lambda s: (sums.count(s), s == sums[0]))
         differing = [r for r, s in enumerate(sums) if s != majority]
-        raise RuntimeError(f"replica drift at step {step}: adapter weights on rank(s) {differing} differ from "
-                           f"the other ranks' (checksums by rank: {sums})")
+        raise RuntimeError(
+            f"replica drift at step {step}: adapter weights on rank(s) {differing} differ from "
+            f"the other ranks' (checksums by rank: {sums})"
+        )
     return mine
 
 
@@ -682,8 +822,8 @@ def autocast(device: torch.device):
 
 # ----------------------------------------------------------------------------------------------
 # One optimizer step: no_sync accumulation with a token-weighted global loss
-def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, float, float, float, bool]:
-    """Forward+backward over one accumulation window. Returns (loss sum, targets, non-pad tokens, padded
+def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device) -> tuple[float, tuple, bool]:
+    """Forward+backward over one accumulation window. Returns the loss sum, (targets, non-pad tokens, padded
     tokens), each summed over all ranks, and whether any rank was asked to stop (SIGTERM/SIGINT).
 
     N, the number of targets in the whole update over all ranks, is known before any backward via one
@@ -706,25 +846,11 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
                 loss_sum, _ = model(**batch)
             (loss_sum * scale).backward()
         local_loss += loss_sum.detach().double()
-    if fault("nan"):
-        local_loss.fill_(float("nan"))
     loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP.signal is not None], device)
-    return loss_sum_all, n_targets, n_tokens, n_padded, stops > 0
+    return loss_sum_all, (n_targets, n_tokens, n_padded), stops > 0
 
 
-def fault(kind: str) -> bool:
-    """Test-only fault injection (FAULT_INJECT=kind@STEP[@RANK]); never active in normal runs.
-
-    Kinds: nan, drift, die, hang, save. A fault fires in torchrun's first attempt only, so a group
-    restarted by --max_restarts resumes and finishes, as it would after a real one-off failure.
-    """
-    if not FAULT_INJECT.startswith(kind + "@") or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return False
-    parts = FAULT_INJECT.split("@")[1:]
-    return int(parts[0]) == _step["current"] and (len(parts) == 1 or int(parts[1]) == dist.get_rank())
-
-
-_step = {"current": 0, "completed": 0}  # for fault() and the failure report
+_step = {"current": 0, "completed": 0}  # where the loop is, for the failure report
 
 
 # ----------------------------------------------------------------------------------------------
@@ -737,8 +863,9 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
     model.module, never the DDP forward (which would expect a backward and a matching collective).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world)),
-                        batch_size=MICRO_BATCH, collate_fn=collate)
+    loader = DataLoader(
+        torch.utils.data.Subset(dataset, range(rank, len(dataset), world)), batch_size=MICRO_BATCH, collate_fn=collate
+    )
     was_training = model.training
     model.eval()
     loss, targets = 0.0, 0
@@ -771,9 +898,11 @@ def publish_atomically(final: Path, write, expected_bytes: int) -> None:
         free = shutil.disk_usage(final.parent).free
         full = getattr(e, "errno", None) == errno.ENOSPC or free < expected_bytes
         cause = "no space left on the device" if full else str(e).splitlines()[0]
-        raise RuntimeError(f"saving {final} failed: {cause} ({free / 2**20:,.0f} MiB free in {final.parent}, "
-                           f"this save needs about {expected_bytes / 2**20:,.0f} MiB); the temporary folder is "
-                           f"removed and the previous checkpoint kept") from e
+        raise RuntimeError(
+            f"saving {final} failed: {cause} ({free / 2**20:,.0f} MiB free in {final.parent}, "
+            f"this save needs about {expected_bytes / 2**20:,.0f} MiB); the temporary folder is "
+            f"removed and the previous checkpoint kept"
+        ) from e
     shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
     if final.exists():
         final.rename(old)
@@ -792,19 +921,20 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, run_config
     """Adapter + optimizer, scheduler and progress, as OUTPUT_DIR/checkpoints/step-N; the oldest pruned."""
     final = Path(OUTPUT_DIR) / "checkpoints" / f"step-{progress['step']:08d}"
     if dist.get_rank() == 0:
+
         def write(folder: Path) -> None:
             model.module.lm.save_pretrained(folder)  # model.module unwraps DDP
-            if fault("save"):
-                os._exit(13)  # a crash mid-save: the adapter is written, the trainer state is not
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "progress": progress}, folder / "trainer_state.pt")
+            torch.save(
+                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "progress": progress},
+                folder / "trainer_state.pt",
+            )
             (folder / "run.json").write_text(json.dumps(run_config, indent=1, default=str))
 
         final.parent.mkdir(parents=True, exist_ok=True)
         publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # adapter + AdamW's 2 moments
         # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
         older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
-        for stale in older[:max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
+        for stale in older[: max(len(older) - KEEP_CHECKPOINTS + 1, 0)]:
             shutil.rmtree(stale)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
     return final
@@ -834,8 +964,10 @@ def find_resume_checkpoint(identity: dict) -> Path | None:
             rank0_print(f"warning: skipping damaged checkpoint {path}: {problem}")
         else:
             if found:
-                raise InputError(f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
-                                 f"move them away, or start fresh with RESUME=''")
+                raise InputError(
+                    f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
+                    f"move them away, or start fresh with RESUME=''"
+                )
             return None
     else:
         path = Path(RESUME)
@@ -846,11 +978,23 @@ def find_resume_checkpoint(identity: dict) -> Path | None:
     fixed = [c for c in changes if c.split(":")[0] in run_record.STRUCTURAL]
     if fixed or (changes and not RESUME_ALLOW_CHANGES):
         allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
-        raise InputError(f"{path} was written by another run ({'; '.join(changes)}): {allow}start fresh with "
-                         f"RESUME='', or use another OUTPUT_DIR")
+        raise InputError(
+            f"{path} was written by another run ({'; '.join(changes)}): {allow}start fresh with "
+            f"RESUME='', or use another OUTPUT_DIR"
+        )
     if changes:
         rank0_print(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
     return path
+
+
+def acquire_output_lock() -> run_record.OutputLock:
+    """Rank 0: OUTPUT_DIR/.lock, or an InputError naming the job that holds it."""
+    lock = run_record.OutputLock(OUTPUT_DIR)
+    try:
+        lock.acquire()
+    except RuntimeError as e:
+        raise InputError(str(e)) from None
+    return lock
 
 
 def rank0_print(msg: str) -> None:
@@ -866,8 +1010,10 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     chosen = [None] * dist.get_world_size()
     dist.all_gather_object(chosen, str(path) if path else None)
     if len(set(chosen)) > 1:
-        raise RuntimeError(f"ranks disagree on the checkpoint to resume from (by rank: {chosen}); "
-                           f"OUTPUT_DIR must be one shared folder, seen the same by every node")
+        raise RuntimeError(
+            f"ranks disagree on the checkpoint to resume from (by rank: {chosen}); "
+            f"OUTPUT_DIR must be one shared folder, seen the same by every node"
+        )
     return path
 
 
@@ -888,48 +1034,25 @@ def predicted_peak_gib(peft_model, seq_len: int) -> float:
     import memory_budget
 
     base = peft_model.get_base_model()
-    layout = memory_budget.Layout(micro_batch=MICRO_BATCH, ckpt_every=GRADIENT_CHECKPOINTING,
-                                  offload=CHECKPOINT_OFFLOAD, ce_chunk_tokens=CE_CHUNK_TOKENS)
+    layout = memory_budget.Layout(
+        micro_batch=MICRO_BATCH,
+        ckpt_every=GRADIENT_CHECKPOINTING,
+        offload=CHECKPOINT_OFFLOAD,
+        ce_chunk_tokens=CE_CHUNK_TOKENS,
+    )
     result = memory_budget.estimate(
-        memory_budget.param_shapes_from_model(base), base.config.to_dict(), layout, seq_len=seq_len,
-        world_size=dist.get_world_size(), lora_r=LORA_R, targets=LORA_TARGETS, accum=ACCUM_STEPS,
-        lora_dropout=LORA_DROPOUT, attention=ATTENTION_KERNEL)
+        memory_budget.param_shapes_from_model(base),
+        base.config.to_dict(),
+        layout,
+        seq_len=seq_len,
+        world_size=dist.get_world_size(),
+        lora_r=LORA_R,
+        targets=LORA_TARGETS,
+        accum=ACCUM_STEPS,
+        lora_dropout=LORA_DROPOUT,
+        attention=ATTENTION_KERNEL,
+    )
     return result["peak_bytes"] / 2**30
-
-
-def apply_memory_target() -> None:
-    """MEMORY_TARGET_GIB: let memory_budget.py choose the layout constants (same on every rank)."""
-    global MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS
-    import memory_budget
-
-    source = MODEL_CONFIG or MODEL_ID
-    try:
-        plan = memory_budget.plan_for_memory_target(
-            memory_budget.param_shapes_from_path(source), memory_budget.load_config(source), MEMORY_TARGET_GIB,
-            seq_len=MAX_LEN, samples_per_step=MICRO_BATCH * ACCUM_STEPS, world_size=int(os.environ["WORLD_SIZE"]),
-            lora_r=LORA_R, targets=LORA_TARGETS, lora_dropout=LORA_DROPOUT, attention=ATTENTION_KERNEL)
-    except ValueError as e:
-        raise InputError(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: {e}") from None
-    layout = plan["layout"]
-    MICRO_BATCH, ACCUM_STEPS, GRADIENT_CHECKPOINTING = layout.micro_batch, plan["accum"], layout.ckpt_every
-    CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS = layout.offload, layout.ce_chunk_tokens
-    SOURCES.update(dict.fromkeys(["MICRO_BATCH", "ACCUM_STEPS", "GRADIENT_CHECKPOINTING", "CHECKPOINT_OFFLOAD",
-                                  "CE_CHUNK_TOKENS"], "planner"))
-    if int(os.environ["RANK"]) == 0:
-        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB", flush=True)
-
-
-def choose_attention_kernel() -> None:
-    """ATTENTION_KERNEL=auto becomes the kernel this machine runs (same on every rank); said once."""
-    global ATTENTION_KERNEL
-    requested = ATTENTION_KERNEL
-    try:
-        ATTENTION_KERNEL, line = attention.choose(requested, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    except ValueError as e:
-        raise InputError(f"ATTENTION_KERNEL={requested}: {e}") from None
-    if requested == "auto":
-        SOURCES["ATTENTION_KERNEL"] = "planner"
-    rank0_print(line)
 
 
 def effective_settings() -> dict:
@@ -949,8 +1072,9 @@ def this_run_identity(world: int) -> dict:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(MODEL_CONFIG or MODEL_ID).to_dict()
-    return run_record.identity({n: globals()[n] for n in run_record.TRAINING}, world, MICRO_BATCH * ACCUM_STEPS,
-                               DATA_PATH, config)
+    return run_record.identity(
+        {n: globals()[n] for n in run_record.TRAINING}, world, MICRO_BATCH * ACCUM_STEPS, DATA_PATH, config
+    )
 
 
 @contextmanager
@@ -1002,23 +1126,16 @@ def say(msg: str) -> None:
 def main() -> None:
     rank, local_rank, world = rank_info()
 
-    # 1. Everything that can be wrong with the inputs is checked here, identically on every rank,
+    # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
     from transformers import AutoTokenizer
 
     for warning in check_settings():
         rank0_print(warning)
+    plan_settings()
     check_model_source()
     check_writable(OUTPUT_DIR)
-    lock = run_record.OutputLock(OUTPUT_DIR) if rank == 0 else None  # one job per OUTPUT_DIR
-    if lock:
-        try:
-            lock.acquire()
-        except RuntimeError as e:
-            raise InputError(str(e)) from None
-    choose_attention_kernel()
-    if MEMORY_TARGET_GIB > 0:
-        apply_memory_target()
+    lock = acquire_output_lock() if rank == 0 else None  # one job per OUTPUT_DIR
     conversations = load_conversations(DATA_PATH)
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)
@@ -1027,7 +1144,11 @@ def main() -> None:
     rank0_print(data_summary(tokenizer, conversations, n_steps_epoch * world * MICRO_BATCH * ACCUM_STEPS))
     identity = this_run_identity(world)
     resume_from = find_resume_checkpoint(identity)
-    run_config = {"settings": effective_settings(), "identity": identity, "resumed_from": resume_from and str(resume_from)}
+    run_config = {
+        "settings": effective_settings(),
+        "identity": identity,
+        "resumed_from": resume_from and str(resume_from),
+    }
     if rank == 0:  # the run's effective settings, printed once and saved with the run (and in every checkpoint)
         print_settings(run_config["settings"])
         (Path(OUTPUT_DIR) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
@@ -1041,175 +1162,244 @@ def main() -> None:
     peft_model = add_lora(load_model(device))
     torch.manual_seed(SEED + rank)
 
-    device = init_distributed(local_rank)
+    # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
+    init_distributed(device)
+    with failures_reported(rank, world, lock) as watchdog:
+        # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
+        adapter_params = [p for p in peft_model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(adapter_params, lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
+        scheduler = lr_schedule(optimizer, total_steps)
+        progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
+        if (resume_from := check_same_checkpoint(resume_from)) is not None:
+            progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
+            say(f"resumed from {resume_from} at step {progress['step']}")
+            if already_complete(progress, total_steps):
+                return
+        _step.update(current=progress["step"], completed=progress["step"])
+        first_step = progress["step"] + 1
+
+        # 5. DDP. broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are constants,
+        #    identical on every rank; re-broadcasting them every step would be a collective for nothing.
+        model = DDP(
+            CausalLMLoss(peft_model),
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=False,
+        )
+        collate = PadCollate(tokenizer.pad_token_id, PAD_TO_MULTIPLE)
+        dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
+        eval_set = (
+            ChatDataset(eval_conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS) if eval_conversations else None
+        )
+        n_trainable, n_total = peft_model.get_nb_trainable_parameters()
+        say(
+            f"world {world} on {device.type} | {n_total:,} params, {n_trainable:,} trainable "
+            f"({100 * n_trainable / n_total:.2f}%) | global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}="
+            f"{MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps"
+        )
+        if SAVE_ON_SIGTERM:
+            STOP.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
+        log = StepLog(peft_model, total_steps, progress["step"], device)
+        model.train()
+
+        # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
+        #    optimizer steps on every rank, so every collective below is entered by every rank.
+        while progress["step"] < total_steps:
+            epoch = progress["epoch"]
+            skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH  # samples this rank already trained on
+            batches = iter(
+                train_loader(dataset, rank, world, epoch, skip, collate, dataset.lengths if GROUP_BY_LENGTH else None)
+            )
+            while progress["epoch"] == epoch and progress["step"] < total_steps:
+                step = _step["current"] = progress["step"] + 1
+                torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
+                t_data = time.perf_counter()
+                micro_batches = [next(batches) for _ in range(ACCUM_STEPS)]
+                t0 = synchronized_clock(device)
+                with profiled(step == PROFILE_STEP, device):
+                    # no_sync for all but the last micro-batch; the token count is all-reduced first
+                    loss_sum, counts, stop = forward_backward(model, micro_batches, device)
+                # Clip after the all-reduce: every rank holds the same averaged gradients, the same norm.
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(adapter_params, GRAD_CLIP or math.inf))
+                finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)  # equal on every rank: one decision
+                if finite:
+                    optimizer.step()
+                elif NAN_POLICY == "stop":
+                    raise RuntimeError(
+                        f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, "
+                        f"grad norm {grad_norm}); NAN_POLICY=stop"
+                    )
+                lr = scheduler.get_last_lr()[0]  # the rate this update used
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step_time = synchronized_clock(device) - t0
+
+                progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
+                if progress["step_in_epoch"] == n_steps_epoch:  # epoch end: resume starts the next epoch
+                    progress.update(epoch=epoch + 1, step_in_epoch=0)
+                _step["completed"] = step
+                if step == first_step:  # the ranks are in lockstep now: hangs get the short timeout
+                    set_collective_timeout(DIST_TIMEOUT_S, watchdog)
+                log.step(step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, t0 - t_data, micro_batches)
+                if DRIFT_CHECK_EVERY and step % DRIFT_CHECK_EVERY == 0:
+                    check_replicas_identical(model.module, step)  # an all-gather of every rank's adapter checksum
+                if eval_set is not None and EVAL_EVERY and step % EVAL_EVERY == 0:
+                    log.eval(step, evaluate(model, eval_set, collate, device))
+                if stop and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
+                    STOP.at_boundary.set()
+                    save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
+                    say(
+                        f"stopped by {STOP.signal.name if STOP.signal else 'another rank'} after step {step}: "
+                        f"checkpoint saved; the same command resumes from it"
+                    )
+                    return
+                if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
+                    t_save = time.perf_counter()
+                    save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)  # rank 0 writes
+                    say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
+        log.close()
+
+        # 7. Final evaluation, drift check and the adapter (rank 0 writes, everyone waits at a barrier).
+        if eval_set is not None and not (EVAL_EVERY and progress["step"] % EVAL_EVERY == 0):  # else just done
+            log.eval(progress["step"], evaluate(model, eval_set, collate, device), final=True)
+        checksum = check_replicas_identical(model.module, progress["step"])
+        path = save_adapter(model)
+        say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
+        say_where_everything_is(path)
+
+
+@contextmanager
+def failures_reported(rank: int, world: int, lock):
+    """Around everything after the process group exists: a HangWatchdog for stuck collectives; an InputError
+    (raised identically on every rank) shuts down cleanly; any other failure (a timed-out collective, a dead
+    peer, a guard) is reported with where this rank was, and the rank leaves without destroy_process_group(),
+    which can block after a failed collective."""
     watchdog = HangWatchdog(rank, world)
     watchdog.start()
     try:
-        train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps,
-              check_same_checkpoint(resume_from), device, watchdog, run_config)
+        yield watchdog
     except InputError:
-        dist.destroy_process_group()  # raised identically on every rank: a clean shutdown
+        watchdog.stop()
+        dist.destroy_process_group()
         raise
     except Exception as e:
-        # A failed collective (timeout, dead peer) or a guard: report where we were, exit non-zero.
         record_for_torchrun(e)
         watchdog.stop()
         stuck = watchdog.describe_failure()
-        print(f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" +
-              (f"[rank {rank}] stuck in {stuck}" if stuck else ""), file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}"
+            + (f"[rank {rank}] stuck in {stuck}" if stuck else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         if lock:
             lock.release()
-        os._exit(1)  # not destroy_process_group(): after a failed collective it can block
-    finally:
-        watchdog.stop()
+        os._exit(1)
+    watchdog.stop()
     dist.destroy_process_group()
 
 
-def train(peft_model, tokenizer, conversations, eval_conversations, n_steps_epoch, total_steps, resume_from, device,
-          watchdog, run_config):
-    from tqdm import tqdm
+def synchronized_clock(device: torch.device) -> float:
+    """time.perf_counter() once the GPU has finished what was queued (step times measure the work)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=LR,
-                                  weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
-    scheduler = lr_schedule(optimizer, total_steps)
-    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
-    if resume_from is not None:  # every rank loads the same files: identical state everywhere
-        progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
-        say(f"resumed from {resume_from} at step {progress['step']}")
-        adapter = Path(OUTPUT_DIR) / "adapter"
-        if progress["step"] >= total_steps and adapter.is_dir() and run_record.damage(adapter) is None:
-            say(f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train. To train "
-                f"again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1")
-            say_where_everything_is(adapter)
+
+def already_complete(progress: dict, total_steps: int) -> bool:
+    adapter = Path(OUTPUT_DIR) / "adapter"
+    if progress["step"] < total_steps or not adapter.is_dir() or run_record.damage(adapter) is not None:
+        return False
+    say(
+        f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train. To train "
+        f"again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
+    )
+    say_where_everything_is(adapter)
+    return True
+
+
+class StepLog:
+    """Rank 0's record of each step (metrics.jsonl, TensorBoard, the console and the progress bar), with
+    the memory model checked once against the real peak, at step 3 (AdamW state and allocator caches exist)."""
+
+    MEMORY_CHECK_STEP = 3
+
+    def __init__(self, peft_model, total_steps: int, done: int, device: torch.device):
+        from tqdm import tqdm
+
+        self.peft_model, self.total_steps, self.device, self.longest = peft_model, total_steps, device, 0
+        self.rank0 = dist.get_rank() == 0
+        self.bar = tqdm(
+            total=total_steps,
+            initial=done,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not self.rank0 or not sys.stderr.isatty(),
+        )
+
+    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, data_wait, micro_batches):
+        self.bar.update(1)
+        self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
+        check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
+        if not ((LOG_EVERY and step % LOG_EVERY == 0) or step == self.total_steps or check_memory):
             return
-    _step.update(current=progress["step"], completed=progress["step"])
-    progress_at_start = progress["step"]
+        n_targets, n_tokens, n_padded = counts
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss_sum / max(n_targets, 1.0),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "skipped": not finite,
+            "tokens_per_s": n_tokens / step_time,
+            "target_tokens_per_s": n_targets / step_time,
+            "step_time_s": step_time,
+            "targets": int(n_targets),
+            "tokens": int(n_tokens),
+            "padding": 1 - n_tokens / n_padded,
+            "data_wait_s": data_wait,
+        }
+        if self.device.type == "cuda":
+            record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            if check_memory:
+                record["predicted_peak_gib"] = predicted_peak_gib(self.peft_model, self.longest)
+        if self.rank0:
+            log_metrics(record)
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
 
-    # broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are constants, identical
-    # on every rank; re-broadcasting them every step would be a collective for nothing.
-    model = DDP(CausalLMLoss(peft_model), device_ids=[device.index] if device.type == "cuda" else None,
-                gradient_as_bucket_view=True, broadcast_buffers=False)
-    collate = PadCollate(tokenizer.pad_token_id, PAD_TO_MULTIPLE)
-    dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
-    eval_set = ChatDataset(eval_conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS) if eval_conversations else None
-    trainable, total = peft_model.get_nb_trainable_parameters()
-    say(f"world {world} on {device.type} | {total:,} params, {trainable:,} trainable ({100 * trainable / total:.2f}%) | "
-        f"global batch {MICRO_BATCH}x{ACCUM_STEPS}x{world}={MICRO_BATCH * ACCUM_STEPS * world} | {total_steps} steps")
+    def eval(self, step: int, result: dict, final: bool = False) -> None:
+        if self.rank0:
+            log_metrics({"step": step, **result})
+        say(
+            f"eval | {'final' if final else f'step {step}'} | loss {result['eval_loss']:.4f} | "
+            f"ppl {result['eval_ppl']:.2f}"
+        )
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if SAVE_ON_SIGTERM:
-        STOP.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
-    bar = tqdm(total=total_steps, initial=progress["step"], disable=rank != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
-    model.train()
-    longest = 0  # padded length of the longest micro-batch so far (for the memory prediction)
-    while progress["step"] < total_steps:
-        epoch = progress["epoch"]
-        skip = progress["step_in_epoch"] * ACCUM_STEPS * MICRO_BATCH
-        lengths = dataset.lengths if GROUP_BY_LENGTH else None
-        batches = iter(train_loader(dataset, rank, world, epoch, skip, collate, lengths))
-        while progress["epoch"] == epoch and progress["step"] < total_steps:
-            step = progress["step"] + 1
-            _step["current"] = step
-            torch.manual_seed(SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
-            t_data = time.perf_counter()
-            micro_batches = [next(batches) for _ in range(ACCUM_STEPS)]
-            longest = max(longest, *(b["input_ids"].shape[1] for b in micro_batches))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-
-            with profiled(step == PROFILE_STEP, device):
-                loss_sum, n_targets, n_tokens, n_padded, stop = forward_backward(model, micro_batches, device)
-            # Clip after the all-reduce: every rank holds the same averaged gradients, same norm.
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP if GRAD_CLIP > 0 else math.inf))
-            if fault("drift"):
-                with torch.no_grad():
-                    trainable[0].add_(1e-3)
-            finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)  # same values on every rank
-            if finite:
-                optimizer.step()
-            elif NAN_POLICY == "stop":
-                raise RuntimeError(f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, "
-                                   f"grad norm {grad_norm}); NAN_POLICY=stop")
-            lr = scheduler.get_last_lr()[0]  # the rate this update used
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            step_time = time.perf_counter() - t0
-            if fault("die"):
-                os._exit(17)  # a killed worker: no exception, no cleanup
-            if fault("hang"):
-                time.sleep(3600)  # a stuck rank: its peers' next collective must time out, not wait forever
-            progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
-            if progress["step_in_epoch"] == n_steps_epoch:  # epoch end: resume would start the next epoch
-                progress.update(epoch=epoch + 1, step_in_epoch=0)
-            _step["completed"] = step
-            if step == progress_at_start + 1:  # the ranks are in lockstep now: hangs get the short timeout
-                set_collective_timeout(DIST_TIMEOUT_S, watchdog)
-            bar.update(1)
-
-            if (LOG_EVERY and step % LOG_EVERY == 0) or step == total_steps:
-                record = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_targets, 1.0),
-                          "grad_norm": grad_norm, "lr": lr, "skipped": not finite,
-                          "tokens_per_s": n_tokens / step_time, "target_tokens_per_s": n_targets / step_time,
-                          "step_time_s": step_time, "targets": int(n_targets), "tokens": int(n_tokens),
-                          "padding": 1 - n_tokens / n_padded, "data_wait_s": t0 - t_data}
-                if device.type == "cuda":
-                    record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                    record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-                    if step == 3:  # AdamW state and allocator caches exist now: check the memory model
-                        record["predicted_peak_gib"] = predicted_peak_gib(peft_model, longest)
-                if rank == 0:
-                    log_metrics(record)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                    say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-            if DRIFT_CHECK_EVERY and step % DRIFT_CHECK_EVERY == 0:
-                check_replicas_identical(model.module, step)
-            if eval_set is not None and EVAL_EVERY and step % EVAL_EVERY == 0:
-                result = {"step": step, **evaluate(model, eval_set, collate, device)}
-                if rank == 0:
-                    log_metrics(result)
-                say(f"eval | step {step} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
-            if stop and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
-                STOP.at_boundary.set()  # not stuck
-                save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
-                say(f"stopped by {STOP.signal.name if STOP.signal else 'another rank'} after step {step}: checkpoint saved; "
-                    f"the same command resumes from it")
-                return
-            if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
-                t_save = time.perf_counter()
-                save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
-                say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
-    bar.close()
-
-    if eval_set is not None and not (EVAL_EVERY and progress["step"] % EVAL_EVERY == 0):  # else just done
-        result = {"step": progress["step"], **evaluate(model, eval_set, collate, device)}
-        if rank == 0:
-            log_metrics(result)
-        say(f"eval | final | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
-    checksum = check_replicas_identical(model.module, progress["step"])
-    path = save_adapter(model)
-    say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
-    say_where_everything_is(path)
+    def close(self) -> None:
+        self.bar.close()
 
 
 def lr_schedule(optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over WARMUP_STEPS in which step 1 already trains (at LR/WARMUP_STEPS), then cosine decay."""
+
     def factor(steps_taken: int) -> float:
         if steps_taken < WARMUP_STEPS:
             return (steps_taken + 1) / WARMUP_STEPS
         return 0.5 * (1 + math.cos(math.pi * (steps_taken - WARMUP_STEPS) / max(1, total_steps - WARMUP_STEPS)))
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def say_where_everything_is(adapter: Path) -> None:
     out = Path(OUTPUT_DIR)
-    say(f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}   "
+    say(
+        f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}   "
         f"settings: {out / 'config.json'}\nload it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
-        f"{MODEL_ID!r}), {str(adapter)!r})")
+        f"{MODEL_ID!r}), {str(adapter)!r})"
+    )
 
 
 def record_for_torchrun(error: BaseException) -> None:
@@ -1219,10 +1409,15 @@ def record_for_torchrun(error: BaseException) -> None:
     ErrorHandler().record_exception(error)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """main(), with bad input reported as one line (the same on every rank) and exit code 2."""
     try:
         main()
     except InputError as e:
         print(f"[rank {os.environ.get('RANK', 0)}] error: {e}", file=sys.stderr, flush=True)
         record_for_torchrun(e)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

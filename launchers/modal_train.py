@@ -15,6 +15,7 @@ Set at definition time, in the local environment:
     MODAL_HF_SECRET=huggingface  a Modal Secret holding HF_TOKEN, for gated models such as Gemma:
                                  modal secret create huggingface HF_TOKEN=hf_...
 """
+
 import os
 import subprocess
 from pathlib import Path
@@ -32,9 +33,11 @@ DATA_SETTINGS = {"DATA_PATH": "data/train", "EVAL_PATH": "data/eval"}  # a local
 
 # PyPI's Linux torch wheel is the CUDA build, so requirements.txt's pins serve the GPUs as they are;
 # requirements-gpu.txt adds the global layers' attention kernel (--no-deps, as the file says).
-image = (modal.Image.debian_slim(python_version="3.11")
-         .pip_install_from_requirements(str(ROOT / "requirements.txt"))
-         .pip_install_from_requirements(str(ROOT / "requirements-gpu.txt"), extra_options="--no-deps"))
+image = (
+    modal.Image.debian_slim(python_version="3.11")
+    .pip_install_from_requirements(str(ROOT / "requirements.txt"))
+    .pip_install_from_requirements(str(ROOT / "requirements-gpu.txt"), extra_options="--no-deps")
+)
 for module in sorted(ROOT.glob("*.py")):  # all of them: train_ddp.py imports more of its neighbours over time
     image = image.add_local_file(module, f"{APP_DIR}/{module.name}")
 for name in ("assets", "configs"):
@@ -67,8 +70,11 @@ def parse_settings(args: tuple[str, ...]) -> dict[str, str]:
 def uploads(settings: dict[str, str]) -> dict[str, str]:
     """{setting: path in the volume} for each of DATA_SETTINGS that names a local file (one folder each:
     a train and an eval file of the same name must not overwrite each other)."""
-    return {key: f"{folder}/{Path(settings[key]).name}" for key, folder in DATA_SETTINGS.items()
-            if key in settings and Path(settings[key]).is_file()}
+    return {
+        key: f"{folder}/{Path(settings[key]).name}"
+        for key, folder in DATA_SETTINGS.items()
+        if key in settings and Path(settings[key]).is_file()
+    }
 
 
 @app.function(

@@ -30,6 +30,7 @@ reported by a watchdog thread, and rank 0 prints every rank's outcome.
 
     torchrun --standalone --nproc_per_node=2 repro/01_uneven_batches.py [--fix[=sampler|join]] [--timeout 10]
 """
+
 import argparse
 import datetime
 import faulthandler
@@ -61,8 +62,9 @@ faulthandler.dump_traceback_later(3 * args.timeout + 10, exit=True)  # last reso
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(9, 8, generator=g), torch.randn(9, 1, generator=g))  # 9 rows: odd on purpose
 if args.fix == "sampler":
-    loader = DataLoader(data, batch_size=2, drop_last=True,
-                        sampler=DistributedSampler(data, drop_last=True, shuffle=True, seed=0))
+    loader = DataLoader(
+        data, batch_size=2, drop_last=True, sampler=DistributedSampler(data, drop_last=True, shuffle=True, seed=0)
+    )
 else:  # sharded by hand: rank 0 gets 5 rows (3 batches), rank 1 gets 4 rows (2 batches)
     loader = DataLoader(Subset(data, range(rank, len(data), world)), batch_size=2)
 counts = [None] * world
@@ -85,21 +87,39 @@ def report(kind: str, outcome: str) -> None:
         long = [r for r, c in enumerate(counts) if c == max(counts)]
         short = [r for r, c in enumerate(counts) if c < max(counts)]
         seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("timeout", "error", "blocked", "ok")}
-        print(f"SYMPTOM: rank(s) {long} entered the all-reduce of batch {max(counts)}, rank(s) {short} the barrier "
-              f"after their last batch. Then: " + "; ".join(filter(None, [
-                  seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
-                  seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
-                  seen["blocked"] and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
-                                      f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
-                  seen["ok"] and f"rank(s) {seen['ok']} finished: a barrier was matched with a gradient all-reduce "
-                                 f"(NCCL pairs collectives by order, not by kind or size), so the mismatch passed "
-                                 f"silently"])) + ".")
-        print(f"CAUSE:   batches per rank {counts}: hand-sharded data without drop_last; every DDP backward is a "
-              f"collective all ranks must join.")
-        print("FIX:     DistributedSampler(drop_last=True) + DataLoader(drop_last=True), steps = len(loader) "
-              "(--fix=sampler); or Join([model]) for data uneven by nature (--fix=join).")
-        print("SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
-              "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows which rank is a collective ahead.")
+        print(
+            f"SYMPTOM: rank(s) {long} entered the all-reduce of batch {max(counts)}, rank(s) {short} the barrier "
+            f"after their last batch. Then: "
+            + "; ".join(
+                filter(
+                    None,
+                    [
+                        seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
+                        seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
+                        seen["blocked"]
+                        and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
+                        f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
+                        seen["ok"]
+                        and f"rank(s) {seen['ok']} finished: a barrier was matched with a gradient all-reduce "
+                        f"(NCCL pairs collectives by order, not by kind or size), so the mismatch passed "
+                        f"silently",
+                    ],
+                )
+            )
+            + "."
+        )
+        print(
+            f"CAUSE:   batches per rank {counts}: hand-sharded data without drop_last; every DDP backward is a "
+            f"collective all ranks must join."
+        )
+        print(
+            "FIX:     DistributedSampler(drop_last=True) + DataLoader(drop_last=True), steps = len(loader) "
+            "(--fix=sampler); or Join([model]) for data uneven by nature (--fix=join)."
+        )
+        print(
+            "SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
+            "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows which rank is a collective ahead."
+        )
     sys.stdout.flush()
     dist.barrier(group=side)  # rank 0 has printed: now every rank may leave
     if kinds == ["ok"] * world:
@@ -111,8 +131,13 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Linear(8, 1).to(device), device_ids=[device.index] if cuda else None)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 where = ""
-watchdog = threading.Timer(2 * args.timeout, lambda: report(
-    "blocked", f"stuck in {where}: no error after {2 * args.timeout:g} s (the main thread waits in C++ or on the GPU)"))
+watchdog = threading.Timer(
+    2 * args.timeout,
+    lambda: report(
+        "blocked",
+        f"stuck in {where}: no error after {2 * args.timeout:g} s (the main thread waits in C++ or on the GPU)",
+    ),
+)
 watchdog.daemon = True
 watchdog.start()
 try:

@@ -19,6 +19,7 @@ SPOT IT  Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: the error then lists the par
 
     torchrun --standalone --nproc_per_node=2 repro/02_unused_parameters.py [--fix[=scope|find_unused]]
 """
+
 import argparse
 import datetime
 import json
@@ -55,8 +56,10 @@ rank, world = dist.get_rank(), dist.get_world_size()
 
 tok = AutoTokenizer.from_pretrained(args.model)
 rows = [json.loads(line) for line in open(ROOT / "assets" / "sample_chat.jsonl")][rank::world][:4]
-examples = [{"input_ids": ids, "labels": ids} for ids in
-            (tok.apply_chat_template(r["messages"], tokenize=True, return_dict=False) for r in rows)]
+examples = [
+    {"input_ids": ids, "labels": ids}
+    for ids in (tok.apply_chat_template(r["messages"], tokenize=True, return_dict=False) for r in rows)
+]
 batch = {k: v.to(device) for k, v in PadCollate(tok.pad_token_id)(examples).items()}
 
 torch.manual_seed(0)  # same adapter init on every rank
@@ -65,8 +68,7 @@ targets = SCOPED if args.fix == "scope" else "all-linear"
 model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
 names = [n for n, p in model.named_parameters() if p.requires_grad]  # DDP's parameter index order
 n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-model = DDP(model, device_ids=[device.index] if cuda else None,
-            find_unused_parameters=args.fix == "find_unused")
+model = DDP(model, device_ids=[device.index] if cuda else None, find_unused_parameters=args.fix == "find_unused")
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 if rank == 0:
     print(f"target_modules={targets!r}: {len(names)} LoRA tensors, {n_train:,} trainable parameters")
@@ -79,7 +81,9 @@ for step in (1, 2, 3):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        print(f"[rank {rank}] step {step} ok, local loss {loss.item():.4f}, {time.perf_counter() - t0:.2f} s", flush=True)
+        print(
+            f"[rank {rank}] step {step} ok, local loss {loss.item():.4f}, {time.perf_counter() - t0:.2f} s", flush=True
+        )
     except RuntimeError as e:
         error = str(e)
         print(f"[rank {rank}] step {step} FAILED: {error.splitlines()[0]}", flush=True)
@@ -88,9 +92,12 @@ for step in (1, 2, 3):
 if error is None:
     dist.destroy_process_group()
     if rank == 0:
-        why = ("adapters only on the text decoder, every one gets a gradient" if args.fix == "scope" else
-               "DDP walked the autograd graph for unused parameters after every forward "
-               "(costly; the dead adapters are still all-reduced)")
+        why = (
+            "adapters only on the text decoder, every one gets a gradient"
+            if args.fix == "scope"
+            else "DDP walked the autograd graph for unused parameters after every forward "
+            "(costly; the dead adapters are still all-reduced)"
+        )
         print(f"OK (--fix={args.fix}): 3 steps on {world} ranks; {why}")
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
@@ -101,12 +108,18 @@ print(f"[rank {rank}] parameter indices without grad: {idx}", flush=True)
 if rank == 0:
     print("  which are:", *[f"    {i}: {names[i]}" for i in idx], sep="\n")
     modules = sorted({names[i].rsplit(".lora_", 1)[0].removeprefix("base_model.model.") for i in idx})
-    print(f"SYMPTOM: step 1 passed; step 2 raised 'Expected to have finished reduction in the prior iteration' "
-          f"on every rank (ranks 0..{world - 1}), parameter indices {idx}.")
-    print(f"CAUSE:   all-linear put LoRA on {', '.join(modules) or 'the multimodal embedders'}; "
-          "text-only batches never use them, so they get no gradient.")
-    print(f"FIX:     target_modules={SCOPED!r} (--fix); "
-          "find_unused_parameters=True (--fix=find_unused) works but costs a graph walk per step.")
+    print(
+        f"SYMPTOM: step 1 passed; step 2 raised 'Expected to have finished reduction in the prior iteration' "
+        f"on every rank (ranks 0..{world - 1}), parameter indices {idx}."
+    )
+    print(
+        f"CAUSE:   all-linear put LoRA on {', '.join(modules) or 'the multimodal embedders'}; "
+        "text-only batches never use them, so they get no gradient."
+    )
+    print(
+        f"FIX:     target_modules={SCOPED!r} (--fix); "
+        "find_unused_parameters=True (--fix=find_unused) works but costs a graph walk per step."
+    )
 sys.stdout.flush()
 if rank != 0:
     time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down

@@ -33,6 +33,7 @@ reported by a watchdog thread, and rank 0 prints every rank's outcome.
 
     torchrun --standalone --nproc_per_node=2 repro/03_rank_divergent.py --variant a|b|c [--fix] [--timeout 10]
 """
+
 import argparse
 import datetime
 import faulthandler
@@ -61,16 +62,22 @@ side = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3 * arg
 faulthandler.dump_traceback_later(3 * args.timeout + 10, exit=True)  # last resort: every thread's stack, exit 1
 others = list(range(1, world))
 DIVERGENCE, CAUSE, FIX = {
-    "a": (f"rank 0 issued all_reduce(epoch_loss), rank(s) {others} the barrier after the epoch",
-          "the all-reduce sits under `if rank == 0`, so only rank 0 issues it",
-          "all-reduce on every rank, print on rank 0"),
-    "b": (f"rank 0 issued DDP's buffer broadcast in its eval forward, rank(s) {others} the barrier after the epoch",
-          "a forward through the DDP wrapper is a collective (buffer broadcast) and only rank 0 runs eval",
-          "evaluate through model.module on rank 0 (or evaluate on every rank)"),
-    "c": (f"rank {world - 1} (NaN loss at step 2) left the loop and issued the barrier, rank(s) {list(range(world - 1))} "
-          f"the gradient all-reduce of step 2",
-          f"`if not isfinite(loss): break` was decided locally, on rank {world - 1} only",
-          "all_reduce(bad_flag, MAX) (or decide on rank 0 and broadcast); every rank breaks/skips together"),
+    "a": (
+        f"rank 0 issued all_reduce(epoch_loss), rank(s) {others} the barrier after the epoch",
+        "the all-reduce sits under `if rank == 0`, so only rank 0 issues it",
+        "all-reduce on every rank, print on rank 0",
+    ),
+    "b": (
+        f"rank 0 issued DDP's buffer broadcast in its eval forward, rank(s) {others} the barrier after the epoch",
+        "a forward through the DDP wrapper is a collective (buffer broadcast) and only rank 0 runs eval",
+        "evaluate through model.module on rank 0 (or evaluate on every rank)",
+    ),
+    "c": (
+        f"rank {world - 1} (NaN loss at step 2) left the loop and issued the barrier, rank(s) {list(range(world - 1))} "
+        f"the gradient all-reduce of step 2",
+        f"`if not isfinite(loss): break` was decided locally, on rank {world - 1} only",
+        "all_reduce(bad_flag, MAX) (or decide on rank 0 and broadcast); every rank breaks/skips together",
+    ),
 }[args.variant]
 reported = threading.Lock()
 
@@ -85,17 +92,31 @@ def report(kind: str, outcome: str) -> None:
         print(f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order")
     elif rank == 0:
         seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("timeout", "error", "blocked", "ok")}
-        print(f"SYMPTOM: {DIVERGENCE}. Then: " + "; ".join(filter(None, [
-            seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
-            seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
-            seen["blocked"] and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
-                                f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
-            seen["ok"] and f"rank(s) {seen['ok']} finished: their collective was matched with one of another kind or "
-                           f"size (NCCL pairs collectives by order only), so the mismatch passed silently"])) + ".")
+        print(
+            f"SYMPTOM: {DIVERGENCE}. Then: "
+            + "; ".join(
+                filter(
+                    None,
+                    [
+                        seen["timeout"] and f"rank(s) {seen['timeout']} raised at the {args.timeout:g} s timeout",
+                        seen["error"] and f"rank(s) {seen['error']} raised at once (their lines above say why)",
+                        seen["blocked"]
+                        and f"rank(s) {seen['blocked']} still blocked with no error at {2 * args.timeout:g} s "
+                        f"(waiting on the GPU: only NCCL's watchdog would end it, with a SIGABRT)",
+                        seen["ok"]
+                        and f"rank(s) {seen['ok']} finished: their collective was matched with one of another kind or "
+                        f"size (NCCL pairs collectives by order only), so the mismatch passed silently",
+                    ],
+                )
+            )
+            + "."
+        )
         print(f"CAUSE:   {CAUSE}.")
         print(f"FIX:     {FIX} (--fix).")
-        print("SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
-              "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows the ranks' differing entries.")
+        print(
+            "SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
+            "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows the ranks' differing entries."
+        )
     sys.stdout.flush()
     dist.barrier(group=side)  # rank 0 has printed: now every rank may leave
     if kinds == ["ok"] * world:
@@ -122,8 +143,13 @@ if args.variant == "c" and rank == world - 1:
     batches[1][0][0, 0] = float("nan")  # one bad sample in step 2, on the last rank only
 
 where, stopped_at = "", None
-watchdog = threading.Timer(2 * args.timeout, lambda: report(
-    "blocked", f"stuck in {where}: no error after {2 * args.timeout:g} s (the main thread waits in C++ or on the GPU)"))
+watchdog = threading.Timer(
+    2 * args.timeout,
+    lambda: report(
+        "blocked",
+        f"stuck in {where}: no error after {2 * args.timeout:g} s (the main thread waits in C++ or on the GPU)",
+    ),
+)
 watchdog.daemon = True
 watchdog.start()
 try:
@@ -155,7 +181,9 @@ try:
         with torch.no_grad():
             out = (model.module if args.fix else model)(torch.ones(2, 8, device=dev))
         print(f"eval on rank 0: {out.flatten().tolist()}", flush=True)
-    where = "the barrier after the epoch" + (f" (it left the loop at the NaN of step {stopped_at})" if stopped_at else "")
+    where = "the barrier after the epoch" + (
+        f" (it left the loop at the NaN of step {stopped_at})" if stopped_at else ""
+    )
     dist.barrier()
     torch.zeros(1, device=dev).item()  # on GPU: wait for every queued kernel before calling this rank done
 except RuntimeError as e:

@@ -20,6 +20,7 @@ SPOT IT  Compare a checksum of the trainable parameters across ranks (all_gather
 
     torchrun --standalone --nproc_per_node=2 repro/04_modified_after_wrap.py [--variant adapters|unfreeze] [--fix]
 """
+
 import argparse
 import datetime
 import hashlib
@@ -54,14 +55,17 @@ dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(s
 rank, world = dist.get_rank(), dist.get_world_size()
 
 tok = AutoTokenizer.from_pretrained(args.model)
-rows = [json.loads(line) for line in open(ROOT / "assets" / "sample_chat.jsonl")][rank::world][:2]  # each rank its own data
+rows = [json.loads(line) for line in open(ROOT / "assets" / "sample_chat.jsonl")][rank::world][
+    :2
+]  # each rank its own data
 ids = [tok.apply_chat_template(r["messages"], tokenize=True, return_dict=False) for r in rows]
 batch = {k: v.to(dev) for k, v in PadCollate(tok.pad_token_id)([{"input_ids": i, "labels": i} for i in ids]).items()}
 
 torch.manual_seed(0)  # same weights and adapter init on every rank
 model = AutoModelForCausalLM.from_pretrained(args.model).to(dev)
-lora = LoraConfig(r=4, lora_alpha=8,
-                  target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
+lora = LoraConfig(
+    r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+)
 
 
 def change(m):  # the modification: add adapters, or unfreeze the final norm of a LoRA model
@@ -80,10 +84,11 @@ if not args.fix:
     change(ddp.module)  # bug: DDP has already registered its hooks
 trained = {n: p for n, p in ddp.module.named_parameters() if p.requires_grad}
 opt = torch.optim.AdamW(trained.values(), lr=1e-2)
-for step in range(3):
+for _ in range(3):
     ddp(**batch).loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+
 
 def sha(t):
     return hashlib.sha256(t.detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
@@ -102,10 +107,14 @@ if rank == 0:
     example = f", e.g. {differ[0]}" if differ else ""
     print(f"  {len(differ)} of {len(trained)} trained tensors differ across ranks{example}")
     if drift:
-        print(f"SYMPTOM: no error, but the trained parameters differ on ranks {list(range(world))} after 3 steps "
-              "(checksums above): the replicas drifted.")
-        print(f"CAUSE:   {what} after DDP(model): DDP has no hook for those parameters, "
-              "so their gradients are never all-reduced.")
+        print(
+            f"SYMPTOM: no error, but the trained parameters differ on ranks {list(range(world))} after 3 steps "
+            "(checksums above): the replicas drifted."
+        )
+        print(
+            f"CAUSE:   {what} after DDP(model): DDP has no hook for those parameters, "
+            "so their gradients are never all-reduced."
+        )
         print("FIX:     apply get_peft_model / freezing / unfreezing BEFORE wrapping in DDP (--fix).")
     else:
         print("OK (--fix): identical checksums on every rank; DDP all-reduced every trained parameter")

@@ -22,6 +22,7 @@ SPOT IT  Count all-reduces with a DDP comm hook (below) or torch.profiler (allre
 
     torchrun --standalone --nproc_per_node=2 repro/05_accumulation_sync.py --variant a|b [--fix]
 """
+
 import argparse
 import datetime
 import hashlib
@@ -64,7 +65,7 @@ model.register_comm_hook(None, counting_hook)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 torch.manual_seed(1 + rank)  # rank-dependent data, as under a DistributedSampler
 per_step = []
-for step in range(args.steps):
+for _ in range(args.steps):
     before = allreduces[0]
     for i in range(args.accum):
         x, y = torch.randn(8, 16, device=dev), torch.randn(8, 4, device=dev)
@@ -99,14 +100,22 @@ if rank == 0:
     if not bad:
         print(f"OK (--fix): {total} all-reduces for {args.steps} steps, identical parameters on every rank")
     elif too_many:
-        print(f"SYMPTOM: {total} all-reduces for {args.steps} optimizer steps on every rank instead of {args.steps}: "
-              f"{args.accum}x the communication (gradients still agree).")
-        print("CAUSE:   the forward ran outside no_sync(); DDP arms the all-reduce in the forward, "
-              "so a backward under no_sync still syncs.")
-        print("FIX:     run forward AND backward of micro-batches 1..A-1 inside no_sync(), the last one outside (--fix).")
+        print(
+            f"SYMPTOM: {total} all-reduces for {args.steps} optimizer steps on every rank instead of {args.steps}: "
+            f"{args.accum}x the communication (gradients still agree)."
+        )
+        print(
+            "CAUSE:   the forward ran outside no_sync(); DDP arms the all-reduce in the forward, "
+            "so a backward under no_sync still syncs."
+        )
+        print(
+            "FIX:     run forward AND backward of micro-batches 1..A-1 inside no_sync(), the last one outside (--fix)."
+        )
     else:
-        print(f"SYMPTOM: {total} all-reduces in {args.steps} steps; parameters on ranks {list(range(world))} differ "
-              "(sha256 above): replicas drifted.")
+        print(
+            f"SYMPTOM: {total} all-reduces in {args.steps} steps; parameters on ranks {list(range(world))} differ "
+            "(sha256 above): replicas drifted."
+        )
         print("CAUSE:   the last micro-batch also ran inside no_sync(), so gradients were never all-reduced.")
         print("FIX:     leave no_sync() for the last micro-batch of each step: one all-reduce per step (--fix).")
 sys.stdout.flush()

@@ -16,6 +16,7 @@ SPOT IT  The traceback names the local object and ends in multiprocessing/reduct
     torchrun --standalone --nproc_per_node=2 repro/06_closure_collate.py [--fix]
     (also runs as plain `python repro/06_closure_collate.py [--fix]`, as a single rank)
 """
+
 import argparse
 import os
 import sys
@@ -36,6 +37,7 @@ def make_collate(pad_id):  # the bug: a closure capturing pad_id
         ids = torch.tensor([e["input_ids"] + [pad_id] * (width - len(e["input_ids"])) for e in examples])
         labels = torch.tensor([e["labels"] + [IGNORE_INDEX] * (width - len(e["labels"])) for e in examples])
         return {"input_ids": ids, "labels": labels}
+
     return collate
 
 
@@ -47,19 +49,24 @@ def main():
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
     # token ids stand in for tokenized chat rows; each rank its own shard
-    examples = [{"input_ids": list(range(3, 3 + n)), "labels": list(range(3, 3 + n))} for n in range(4, 20)][rank::world]
+    examples = [{"input_ids": list(range(3, 3 + n)), "labels": list(range(3, 3 + n))} for n in range(4, 20)][
+        rank::world
+    ]
     collate_fn = PadCollate(pad_token_id=0) if args.fix else make_collate(0)
-    loader = DataLoader(examples, batch_size=4, collate_fn=collate_fn, num_workers=args.workers,
-                        multiprocessing_context="spawn")
+    loader = DataLoader(
+        examples, batch_size=4, collate_fn=collate_fn, num_workers=args.workers, multiprocessing_context="spawn"
+    )
     try:
         shapes = [tuple(b["input_ids"].shape) for b in loader]
     except Exception as e:  # raised in this process, while starting the workers
         print(f"[rank {rank}] first batch failed: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
         time.sleep(0.5)
         if rank == 0:
-            print(f"SYMPTOM: ranks {list(range(world))} fail at the first batch: \"{e}\".")
-            print(f"CAUSE:   spawn/forkserver workers receive collate_fn by pickling; "
-                  f"the closure {collate_fn.__qualname__!r} has no importable name.")
+            print(f'SYMPTOM: ranks {list(range(world))} fail at the first batch: "{e}".')
+            print(
+                f"CAUSE:   spawn/forkserver workers receive collate_fn by pickling; "
+                f"the closure {collate_fn.__qualname__!r} has no importable name."
+            )
             print("FIX:     a top-level class: DataLoader(..., collate_fn=collate.PadCollate(pad_token_id)) (--fix).")
         sys.stdout.flush()
         if rank != 0:

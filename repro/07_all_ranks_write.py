@@ -22,6 +22,7 @@ writer of each block alternates (what concurrent writers on shared storage do, a
 
     torchrun --standalone --nproc_per_node=2 repro/07_all_ranks_write.py [--fix] [--dir /shared/tmp]
 """
+
 import argparse
 import datetime
 import hashlib
@@ -57,8 +58,10 @@ def sha(sd):
 
 
 # each rank's state differs, e.g. drifted replicas or per-rank RNG state
-state = {"lora_A": torch.randn(128, 256, generator=torch.Generator().manual_seed(rank)),
-         "lora_B": torch.full((256, 128), float(rank))}
+state = {
+    "lora_A": torch.randn(128, 256, generator=torch.Generator().manual_seed(rank)),
+    "lora_B": torch.full((256, 128), float(rank)),
+}
 shas = [None] * world
 dist.all_gather_object(shas, sha(state))
 
@@ -83,9 +86,9 @@ else:
     f = open(path, "wb")  # every rank: the same path, truncated
     dist.barrier()
     for b, start in enumerate(range(0, max(sizes), args.block)):
-        for turn in (range(world) if b % 2 == 0 else reversed(range(world))):
+        for turn in range(world) if b % 2 == 0 else reversed(range(world)):
             if rank == turn:
-                f.write(data[start:start + args.block])  # own file offset, advancing block by block
+                f.write(data[start : start + args.block])  # own file offset, advancing block by block
                 f.flush()
                 os.fsync(f.fileno())
             dist.barrier()
@@ -94,7 +97,10 @@ else:
 
 try:
     sd = torch.load(path, weights_only=True)
-    loaded, mine = sha(sd), sum((sd[k] == state[k]).sum().item() for k in state) / sum(t.numel() for t in state.values())
+    loaded, mine = (
+        sha(sd),
+        sum((sd[k] == state[k]).sum().item() for k in state) / sum(t.numel() for t in state.values()),
+    )
     got = {shas[r]: f"rank {r}'s state" for r in range(world)}.get(loaded, f"a state no rank held (sha256 {loaded})")
     got += f"; {mine:.0%} of its values are this rank's"
 except Exception as e:
@@ -111,10 +117,16 @@ if rank == 0:
     if all(results):
         print("OK (--fix): rank 0 wrote to a temp file, fsync, os.replace, barrier; every rank read rank 0's state")
     else:
-        print(f"SYMPTOM: ranks {list(range(world))} all wrote {os.path.basename(path)}; "
-              f"rank 0 reads back {got.split(';')[0]}, not its own state.")
-        print("CAUSE:   every rank called torch.save on the same path; concurrent writers truncate and interleave blocks.")
-        print("FIX:     if rank == 0: save to a temp file, fsync, os.replace; then barrier; others read after it (--fix).")
+        print(
+            f"SYMPTOM: ranks {list(range(world))} all wrote {os.path.basename(path)}; "
+            f"rank 0 reads back {got.split(';')[0]}, not its own state."
+        )
+        print(
+            "CAUSE:   every rank called torch.save on the same path; concurrent writers truncate and interleave blocks."
+        )
+        print(
+            "FIX:     if rank == 0: save to a temp file, fsync, os.replace; then barrier; others read after it (--fix)."
+        )
 sys.stdout.flush()
 if not all(results):
     if rank != 0:

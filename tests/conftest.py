@@ -2,6 +2,7 @@
 
 Multi-rank tests run on gloo (CPU, what CI runs) and, where a case is parametrized with BACKENDS, on
 NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped without 2 CUDA devices."""
+
 import contextlib
 import os
 import signal
@@ -18,7 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
 SAMPLE_DATA = ROOT / "assets" / "sample_chat.jsonl"
 TWO_GPUS = torch.cuda.device_count() >= 2
-BACKENDS = ["gloo", pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")])]
+BACKENDS = [
+    "gloo",
+    pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")]),
+]
 
 
 def launch_env(backend: str = "gloo") -> dict:
@@ -69,19 +73,35 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: float = 180,
-             extra_torchrun_args: tuple = (), backend: str = "gloo") -> Launch:
+def torchrun(
+    script,
+    *args,
+    nproc: int = 2,
+    env: dict | None = None,
+    timeout: float = 180,
+    extra_torchrun_args: tuple = (),
+    backend: str = "gloo",
+) -> Launch:
     """Run `torchrun --nproc_per_node=nproc script args` on `backend` with a hard time bound.
 
     A job that outlives `timeout` is killed with its whole process group and the test fails with
     the output so far: a hang becomes an error, never a stalled CI.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d", *extra_torchrun_args,
-           str(script), *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-backend=c10d",
+        *extra_torchrun_args,
+        str(script),
+        *map(str, args),
+    ]
     full_env = {**os.environ, **launch_env(backend), **(env or {})}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -89,6 +109,16 @@ def torchrun(script, *args, nproc: int = 2, env: dict | None = None, timeout: fl
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?)\n{out[-6000:]}")
     return Launch(proc.returncode, out)
+
+
+def nonzero_lora_b(model):
+    """PEFT starts every LoRA B at zero, which leaves A without a gradient: random B (seeded, the same on every
+    rank) so that every adapter weight gets one. Returns the model."""
+    with torch.no_grad():
+        for i, (name, p) in enumerate(sorted(model.named_parameters())):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +133,12 @@ def sample_data_path() -> Path:
 
 def project_files() -> dict[str, float]:
     """Every file of the checkout with its modification time, but for what Python and pytest make."""
-    skip = {".git", ".venv", "__pycache__", ".pytest_cache"}
-    return {str(p.relative_to(ROOT)): p.stat().st_mtime for p in ROOT.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)}
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    return {
+        str(p.relative_to(ROOT)): p.stat().st_mtime
+        for p in ROOT.rglob("*")
+        if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+    }
 
 
 @pytest.fixture(scope="session", autouse=True)

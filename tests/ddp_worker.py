@@ -5,6 +5,7 @@
 Each scenario uses train_ddp.py's own functions (not copies) and writes rank 0's findings to
 OUTPUT_DIR/result.json; any failed check raises, so the job exits non-zero.
 """
+
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ os.environ.setdefault("CE_CHUNK_TOKENS", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from conftest import nonzero_lora_b  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -33,19 +35,14 @@ def build(seed: int = 0):
 
     tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
     torch.manual_seed(seed)
-    peft_model = T.add_lora(T.load_model(torch.device("cpu")))
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.02)
-    return tokenizer, peft_model
+    return tokenizer, nonzero_lora_b(T.add_lora(T.load_model(torch.device("cpu"))))
 
 
 def micro_batches_for(tokenizer, conversations, rank, world):
     """Rank r gets micro-batches r, r+world, ...: 2 samples each, of unequal lengths."""
     collate = PadCollate(tokenizer.pad_token_id)
     examples = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, True) for c in conversations]
-    chunks = [examples[i:i + 2] for i in range(0, len(examples), 2)]
+    chunks = [examples[i : i + 2] for i in range(0, len(examples), 2)]
     return [collate(c) for c in chunks[rank::world]], collate(examples)
 
 
@@ -67,7 +64,7 @@ def grad_equivalence(out: Path):
     T.forward_backward(model, mine[:1], torch.device("cpu"))  # warm-up step: DDP rebuilds buckets after it
     model.zero_grad(set_to_none=True)
     reduced.update(calls=0, elements=0)
-    loss_sum, n_targets, *_ = T.forward_backward(model, mine, torch.device("cpu"))
+    loss_sum, (n_targets, *_), _ = T.forward_backward(model, mine, torch.device("cpu"))
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ddp_grads = {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.requires_grad}
 
@@ -79,15 +76,24 @@ def grad_equivalence(out: Path):
     for name, p in reference_model.named_parameters():
         if p.requires_grad:
             scale = float(p.grad.abs().max())
-            torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-4, atol=1e-5 * scale,
-                                       msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                ddp_grads[name], p.grad, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
+            )
             worst = max(worst, float((ddp_grads[name] - p.grad).abs().max()) / scale)
     assert abs(loss_sum - float(loss)) < 1e-3 * abs(float(loss)), (loss_sum, float(loss))
     if rank == 0:
-        (out / "result.json").write_text(json.dumps({
-            "allreduce_calls": reduced["calls"], "allreduced_elements": reduced["elements"],
-            "trainable_elements": n_trainable, "max_rel_grad_diff": worst, "n_targets": n_targets,
-            "lengths": [int(m) for m in everything["attention_mask"].sum(1)]}))
+        (out / "result.json").write_text(
+            json.dumps(
+                {
+                    "allreduce_calls": reduced["calls"],
+                    "allreduced_elements": reduced["elements"],
+                    "trainable_elements": n_trainable,
+                    "max_rel_grad_diff": worst,
+                    "n_targets": n_targets,
+                    "lengths": [int(m) for m in everything["attention_mask"].sum(1)],
+                }
+            )
+        )
 
 
 def save_and_reload(out: Path):
@@ -117,8 +123,9 @@ def save_and_reload(out: Path):
             reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(T.MODEL_ID), path).eval()
             again = reloaded(input_ids=ids).logits
         torch.testing.assert_close(again, trained, rtol=0, atol=1e-5)
-        (out / "result.json").write_text(json.dumps({"writers": all_writers,
-                                                     "files": sorted(p.name for p in path.iterdir())}))
+        (out / "result.json").write_text(
+            json.dumps({"writers": all_writers, "files": sorted(p.name for p in path.iterdir())})
+        )
 
 
 if __name__ == "__main__":

@@ -1,23 +1,26 @@
 """attention.py: the global layers' mask-free causal kernels compute what transformers' masked SDPA does,
 on right-padded batches only. CPU: the sdpa route in FP32, exactly. GPU (python -m pytest -m gpu):
 ffpa and SDPA is_causal on a 12B-shaped layer pair in BF16, as close to an FP32 reference as SDPA's BF16 path."""
+
 import copy
 import json
 
 import pytest
 import torch
+from conftest import ROOT, SAMPLE_DATA, nonzero_lora_b
 
 import attention
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
-from conftest import ROOT, SAMPLE_DATA
 
 
 def right_padded_batch(tokenizer, lengths):
     """Rows of the sample data cut to `lengths` tokens, right-padded by the trainer's collate."""
     rows = [T.tokenize_conversation(tokenizer, r, 2048, True) for r in T.load_conversations(str(SAMPLE_DATA))]
-    rows = sorted(rows, key=lambda r: -len(r["input_ids"]))[:len(lengths)]
-    return PadCollate(tokenizer.pad_token_id, 1)([{k: v[:n] for k, v in r.items()} for r, n in zip(rows, lengths)])
+    rows = sorted(rows, key=lambda r: -len(r["input_ids"]))[: len(lengths)]
+    return PadCollate(tokenizer.pad_token_id, 1)(
+        [{k: v[:n] for k, v in r.items()} for r, n in zip(rows, lengths, strict=True)]
+    )
 
 
 def left_padded(batch):
@@ -30,12 +33,9 @@ def with_lora(model):
     """LoRA (no dropout) on the text decoder's projections, B non-zero so that every adapter gets a gradient."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=T.LORA_TARGETS))
-    with torch.no_grad():
-        for i, (name, p) in enumerate(sorted(model.named_parameters())):
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
-    return model
+    return nonzero_lora_b(
+        get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=T.LORA_TARGETS))
+    )
 
 
 def loss_and_grads(model, batch, right_padded):
@@ -49,8 +49,11 @@ def loss_and_grads(model, batch, right_padded):
 def tiny_model(tokenizer):
     from transformers import AutoModelForCausalLM
 
-    return with_lora(AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-gemma4"),
-                                                          attn_implementation=attention.register("sdpa"))).train()
+    return with_lora(
+        AutoModelForCausalLM.from_pretrained(
+            str(ROOT / "assets" / "tiny-gemma4"), attn_implementation=attention.register("sdpa")
+        )
+    ).train()
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +73,14 @@ def global_layer_masks(monkeypatch):
         if sliding_window is None:
             seen.append(mask is not None)
         return real(module, q, k, v, mask, sliding_window=sliding_window, **kwargs)
+
     monkeypatch.setattr(attention, "sdpa_attention_forward", spy)
     return seen
 
 
-def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_mask(tokenizer, tiny_model,
-                                                                                    global_layer_masks):
+def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_mask(
+    tokenizer, tiny_model, global_layer_masks
+):
     batch = right_padded_batch(tokenizer, [300, 170, 60])  # longer than the sliding window (128), and padded
     assert T.on_device(batch, torch.device("cpu"))["right_padded"]
     masked = loss_and_grads(tiny_model, batch, right_padded=False)
@@ -84,7 +89,7 @@ def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_ma
     assert global_layer_masks == [False]  # the global layer really ran without a mask
     torch.testing.assert_close(causal[0], masked[0], rtol=1e-6, atol=0)
     assert len(causal[1]) == len(masked[1]) == 2 * (7 * 6 - 1)  # A, B of 7 projections x 6 layers; k_eq_v: no v_proj
-    for a, b in zip(causal[1], masked[1]):  # FP32: only the summation order differs
+    for a, b in zip(causal[1], masked[1], strict=True):  # FP32: only the summation order differs
         assert float((a - b).norm()) <= 1e-5 * float(b.norm())
 
 
@@ -95,12 +100,13 @@ def test_left_padded_rows_keep_the_mask_which_they_need(tokenizer, tiny_model, g
     reference = loss_and_grads(tiny_model, inputs, right_padded=False)
     assert global_layer_masks == [True]
     wrong = loss_and_grads(tiny_model, inputs, right_padded=True)  # what a missing check would do
-    worst = max(float((a - b).norm() / b.norm()) for a, b in zip(wrong[1], reference[1]))
+    worst = max(float((a - b).norm() / b.norm()) for a, b in zip(wrong[1], reference[1], strict=True))
     assert worst > 1e-3  # real tokens attended to the padding before them (100x the tolerance above)
 
 
-@pytest.mark.parametrize("kernel,device,message", [
-    ("ffpa", "cpu", "needs a CUDA device"), ("flex", "cpu", "unknown kernel")])
+@pytest.mark.parametrize(
+    "kernel,device,message", [("ffpa", "cpu", "needs a CUDA device"), ("flex", "cpu", "unknown kernel")]
+)
 def test_a_kernel_this_machine_cannot_run_is_refused(kernel, device, message):
     with pytest.raises(ValueError, match=message):
         attention.choose(kernel, torch.device(device))
@@ -116,15 +122,19 @@ def gemma4_12b_layer_pair():
     """The 12B's text config cut to one sliding and one global layer (head_dim 512, 2 KV heads)."""
     config = json.loads((ROOT / "configs" / "gemma-4-12b.json").read_text())
     text = config["text_config"]
-    text.update(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
-                per_layer_config={"1": text["per_layer_config"]["05"]}, sliding_window=512)
+    text.update(
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        per_layer_config={"1": text["per_layer_config"]["05"]},
+        sliding_window=512,
+    )
     return config
 
 
 def relative_errors(got, reference):
     loss, grads = got
     ref_loss, ref_grads = reference
-    diff = torch.cat([(g.float() - r.float()).flatten() for g, r in zip(grads, ref_grads)])
+    diff = torch.cat([(g.float() - r.float()).flatten() for g, r in zip(grads, ref_grads, strict=True)])
     reference_norm = torch.cat([r.float().flatten() for r in ref_grads]).norm()
     return abs(float(loss - ref_loss) / float(ref_loss)), float(diff.norm() / reference_norm)
 
@@ -140,7 +150,9 @@ def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(k
     config = AutoConfig.for_model(**gemma4_12b_layer_pair())
     torch.manual_seed(0)
     with torch.device("cuda"):
-        base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attention.register(kernel))
+        base = AutoModelForCausalLM.from_config(
+            config, dtype=torch.bfloat16, attn_implementation=attention.register(kernel)
+        )
     model = with_lora(base)
     reference_model = copy.deepcopy(model).float()
     lengths, width = [1536, 1100], 1536

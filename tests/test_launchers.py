@@ -1,6 +1,7 @@
 """launchers/modal_train.py at definition level, with the real `modal` package and no network: what the
 Modal function declares (GPU spec, volume, timeout, secret), what it runs (torchrun over train_ddp.py,
 settings as environment), what the image ships, and how `modal run` hands settings to it."""
+
 import ast
 import contextlib
 import importlib.util
@@ -9,7 +10,6 @@ import socket
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 modal = pytest.importorskip("modal")
@@ -117,8 +117,11 @@ def test_the_image_ships_train_ddp_and_every_local_module_and_asset_it_reads(mon
     assert {"/root/app/collate.py", "/root/app/run_record.py", "/root/app/memory_budget.py"} <= needed
     assert needed <= shipped
     assert m.torchrun_command(m.GPU, {})[0][-1] in shipped
-    assert {"/root/app/assets/sample_chat.jsonl", "/root/app/assets/tiny-gemma4/config.json",
-            "/root/app/configs/gemma-4-12b.json"} <= shipped
+    assert {
+        "/root/app/assets/sample_chat.jsonl",
+        "/root/app/assets/tiny-gemma4/config.json",
+        "/root/app/configs/gemma-4-12b.json",
+    } <= shipped
 
 
 @pytest.mark.filterwarnings("ignore:.*executing locally")
@@ -133,7 +136,7 @@ def test_train_runs_torchrun_in_the_volume_commits_it_and_raises_on_failure(monk
     monkeypatch.setattr(m, "volume", volume)
     monkeypatch.setattr(subprocess, "run", run)
     m.train.local({"MODEL_ID": "google/gemma-4-12B-it"})
-    (cmd, env, cwd), = runs
+    ((cmd, env, cwd),) = runs
     assert cmd == m.torchrun_command("H100:8", {})[0] and cwd == "/vol"
     assert env["MODEL_ID"] == "google/gemma-4-12B-it" and env["PATH"] == os.environ["PATH"]
     assert volume.commits == 1
@@ -152,8 +155,9 @@ def test_main_uploads_local_data_files_into_the_volume_and_passes_the_settings(m
     (tmp_path / "chat.jsonl").write_text("{}\n")
     m.main(f"DATA_PATH={tmp_path / 'chat.jsonl'}", "EVAL_PATH=data/held.jsonl", "LORA_TARGETS=.*(q|v)_proj")
     assert volume.uploads == [(str(tmp_path / "chat.jsonl"), "data/train/chat.jsonl"), "closed"]
-    assert calls == [{"DATA_PATH": "/vol/data/train/chat.jsonl", "EVAL_PATH": "data/held.jsonl",
-                      "LORA_TARGETS": ".*(q|v)_proj"}]
+    assert calls == [
+        {"DATA_PATH": "/vol/data/train/chat.jsonl", "EVAL_PATH": "data/held.jsonl", "LORA_TARGETS": ".*(q|v)_proj"}
+    ]
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         m.main("--epochs=1")
     assert len(calls) == 1

@@ -1,5 +1,6 @@
 """memory_budget.py: SPEC's worked figures from the 12B config, the safetensors header reader, LoRA
 counts against PEFT, the activation model against autograd's saved tensors, and the CLI."""
+
 import collections
 import json
 import struct
@@ -23,6 +24,7 @@ GB, GiB = mb.GB, mb.GiB
 
 
 # ---------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="module")
 def shapes_12b():
@@ -54,8 +56,10 @@ def header_only_12b(tmp_path_factory, shapes_12b):
     """The 12B as a sharded checkpoint folder (index + 2 shards) whose shards hold headers only."""
     folder = tmp_path_factory.mktemp("gemma-4-12b")
     names = list(shapes_12b)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, keys in shards.items():
         write_header_only(folder / file, {k: shapes_12b[k] for k in keys})
     index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
@@ -71,6 +75,7 @@ def budget(shapes, text, *, micro_batch=1, ckpt_every=1, offload=False, ce_chunk
 
 
 # ---------------------------------------------------------------- SPEC's figures, 12B
+
 
 def test_12b_config_is_the_spec_architecture(text_12b):
     assert json.loads(CONFIG_12B.read_text())["model_type"] == "gemma4_unified"
@@ -170,19 +175,38 @@ def test_global_batch_counts_data_parallel_ranks_only(shapes_12b, text_12b):
 
 def test_report_is_a_readable_table(shapes_12b, text_12b):
     text = mb.format_report(budget(shapes_12b, text_12b, world_size=8))
-    for needle in ("65,634,304", "frozen weights", "AdamW state", "logits + cross-entropy buffers",
-                   "without checkpointing", "allocator margin", "Strategy: DDP", "1.75", "Global batch", "GiB"):
+    for needle in (
+        "65,634,304",
+        "frozen weights",
+        "AdamW state",
+        "logits + cross-entropy buffers",
+        "without checkpointing",
+        "allocator margin",
+        "Strategy: DDP",
+        "1.75",
+        "Global batch",
+        "GiB",
+    ):
         assert needle in text
 
 
 # ---------------------------------------------------------------- header reader vs the safetensors library
 
+
 def test_header_reader_matches_safetensors_file(tmp_path):
-    tensors = {"a.weight": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7, dtype=torch.float32),
-               "c.idx": torch.zeros(2, 2, 2, dtype=torch.int64), "d": torch.zeros((), dtype=torch.float16)}
+    tensors = {
+        "a.weight": torch.zeros(3, 5, dtype=torch.bfloat16),
+        "b": torch.zeros(7, dtype=torch.float32),
+        "c.idx": torch.zeros(2, 2, 2, dtype=torch.int64),
+        "d": torch.zeros((), dtype=torch.float16),
+    }
     save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
     assert mb.read_safetensors_header(tmp_path / "x.safetensors") == {
-        "a.weight": ((3, 5), "BF16"), "b": ((7,), "F32"), "c.idx": ((2, 2, 2), "I64"), "d": ((), "F16")}
+        "a.weight": ((3, 5), "BF16"),
+        "b": ((7,), "F32"),
+        "c.idx": ((2, 2, 2), "I64"),
+        "d": ((), "F16"),
+    }
 
 
 def test_sharded_and_unsharded_checkpoints_read_alike(tmp_path, tiny_model_path):
@@ -206,26 +230,35 @@ def test_config_alone_is_built_on_the_meta_device(tmp_path, tiny_model_path):
 
 def test_hub_id_uses_header_metadata_only(monkeypatch, tiny_model_path):
     """Offline stand-in for huggingface_hub's two calls: config.json and the safetensors header metadata."""
-    import huggingface_hub
     from types import SimpleNamespace as NS
+
+    import huggingface_hub
+
     header = mb.read_safetensors_header(tiny_model_path / "model.safetensors")
     tensors = {name: NS(shape=list(shape), dtype=dtype) for name, (shape, dtype) in header.items()}
-    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata",
-                        lambda repo: NS(files_metadata={"model.safetensors": NS(tensors=tensors)}))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "get_safetensors_metadata",
+        lambda repo: NS(files_metadata={"model.safetensors": NS(tensors=tensors)}),
+    )
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, file: tiny_model_path / file)
     assert mb.param_shapes_from_path("google/tiny-gemma4") == mb.param_shapes_from_path(tiny_model_path)
 
 
 # ---------------------------------------------------------------- LoRA counts vs PEFT
 
-@pytest.mark.parametrize("targets", [
-    mb.DEFAULT_TARGETS,
-    r".*\.(q_proj|v_proj)",
-    r".*language_model.*mlp\.\w+_proj",
-    r".*embed_vision\..*(patch_dense|embedding_projection)|.*embed_audio\.embedding_projection",
-    "all-linear",
-    ["q_proj", "o_proj", "down_proj"],
-])
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        mb.DEFAULT_TARGETS,
+        r".*\.(q_proj|v_proj)",
+        r".*language_model.*mlp\.\w+_proj",
+        r".*embed_vision\..*(patch_dense|embedding_projection)|.*embed_audio\.embedding_projection",
+        "all-linear",
+        ["q_proj", "o_proj", "down_proj"],
+    ],
+)
 @pytest.mark.parametrize("r", [1, 8, 16])
 def test_lora_count_equals_peft(tiny_model_path, targets, r):
     shapes = mb.param_shapes_from_path(tiny_model_path)
@@ -240,8 +273,9 @@ def test_trainable_embeddings_equal_peft_modules_to_save(tiny_model_path):
     shapes = mb.param_shapes_from_path(tiny_model_path)
     text = mb.load_config(tiny_model_path)["text_config"]
     ours = mb.estimate(shapes, text, mb.Layout(), seq_len=64, train_embeddings=True)["trainable_params"]
-    config = LoraConfig(r=16, target_modules=mb.DEFAULT_TARGETS, modules_to_save=["embed_tokens", "lm_head"],
-                        ensure_weight_tying=True)
+    config = LoraConfig(
+        r=16, target_modules=mb.DEFAULT_TARGETS, modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True
+    )
     peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path), config)
     assert ours == peft.get_nb_trainable_parameters()[0]
 
@@ -254,19 +288,32 @@ def test_targets_matching_nothing_are_an_error(tiny_model_path):
 
 # ---------------------------------------------------------------- activation model vs autograd
 
+
 def test_saved_activations_match_autograd_on_cpu():
     """Sum every tensor autograd saves for backward in the decoder layers of a small gemma4_unified (BF16
     weights, BF16 autocast, PEFT LoRA) and compare with the per-layer model. Dropout is off: on CPU it keeps
     an FP32 mask where CUDA keeps a 1-byte one."""
     torch.manual_seed(0)
     cfg = Gemma4UnifiedConfig(
-        text_config=dict(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=128,
-                         num_global_key_value_heads=2, attention_k_eq_v=True, final_logit_softcapping=30.0,
-                         sliding_window=128),
-        vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=16,
-                           output_proj_dims=32),
-        audio_config=dict(audio_embed_dim=32))
+        text_config=dict(
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            global_head_dim=128,
+            num_global_key_value_heads=2,
+            attention_k_eq_v=True,
+            final_logit_softcapping=30.0,
+            sliding_window=128,
+        ),
+        vision_config=dict(
+            patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=16, output_proj_dims=32
+        ),
+        audio_config=dict(audio_embed_dim=32),
+    )
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     shapes = mb.param_shapes_from_model(model)
     model = get_peft_model(model, LoraConfig(r=8, target_modules=mb.DEFAULT_TARGETS, lora_dropout=0.0))
@@ -287,18 +334,41 @@ def test_saved_activations_match_autograd_on_cpu():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
     measured = sum(v for k, v in where.items() if k != "outside")
-    r = mb.estimate(shapes, cfg.text_config.to_dict(), mb.Layout(micro_batch=2), seq_len=256, lora_r=8,
-                    lora_dropout=0.0)
+    r = mb.estimate(
+        shapes, cfg.text_config.to_dict(), mb.Layout(micro_batch=2), seq_len=256, lora_r=8, lora_dropout=0.0
+    )
     predicted = sum(r["layer_saved_bytes"]) + 2 * r["lora_params"]  # + autocast's BF16 adapter copies
     assert predicted == pytest.approx(measured, rel=0.02)
 
 
 # ---------------------------------------------------------------- CLI
 
+
 def test_cli_json(tiny_model_path):
-    out = subprocess.run([sys.executable, str(ROOT / "memory_budget.py"), str(tiny_model_path), "--json",
-                          "--gpus-per-node", "4", "--nodes", "2", "--tp", "2", "--micro-batch", "2", "--accum", "8",
-                          "--seq-len", "256"], capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "memory_budget.py"),
+            str(tiny_model_path),
+            "--json",
+            "--gpus-per-node",
+            "4",
+            "--nodes",
+            "2",
+            "--tp",
+            "2",
+            "--micro-batch",
+            "2",
+            "--accum",
+            "8",
+            "--seq-len",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     r = json.loads(out)
     assert r["global_batch"] == 64 and r["settings"]["world_size"] == 8
     assert r["peak_bytes"] > 0 and r["strategy"] == "DDP"
@@ -314,11 +384,22 @@ def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
     import train_ddp as T
 
     d = mb.parser().parse_args(["model"])
-    assert (d.seq_len, d.micro_batch, d.accum, d.lora_r, d.lora_dropout, d.ce_chunk_tokens, d.targets) == \
-        (T.MAX_LEN, T.MICRO_BATCH, T.ACCUM_STEPS, T.LORA_R, T.LORA_DROPOUT, T.CE_CHUNK_TOKENS, T.LORA_TARGETS)
+    assert (d.seq_len, d.micro_batch, d.accum, d.lora_r, d.lora_dropout, d.ce_chunk_tokens, d.targets) == (
+        T.MAX_LEN,
+        T.MICRO_BATCH,
+        T.ACCUM_STEPS,
+        T.LORA_R,
+        T.LORA_DROPOUT,
+        T.CE_CHUNK_TOKENS,
+        T.LORA_TARGETS,
+    )
     assert (d.ckpt_every, d.ckpt_offload) == (T.GRADIENT_CHECKPOINTING, T.CHECKPOINT_OFFLOAD) == (1, False)
-    trainers = mb.Layout(micro_batch=T.MICRO_BATCH, ckpt_every=T.GRADIENT_CHECKPOINTING,
-                         offload=T.CHECKPOINT_OFFLOAD, ce_chunk_tokens=T.CE_CHUNK_TOKENS)
+    trainers = mb.Layout(
+        micro_batch=T.MICRO_BATCH,
+        ckpt_every=T.GRADIENT_CHECKPOINTING,
+        offload=T.CHECKPOINT_OFFLOAD,
+        ce_chunk_tokens=T.CE_CHUNK_TOKENS,
+    )
     assert mb.layout_from_args(d) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
     mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
     strategy = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Strategy:"))
@@ -327,8 +408,17 @@ def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
 
 def cli_options(layout: mb.Layout, accum: int) -> list[str]:
     """The command-line options that describe `layout`, written out by hand."""
-    return ["--micro-batch", str(layout.micro_batch), "--accum", str(accum), "--ckpt-every", str(layout.ckpt_every),
-            *(["--ckpt-offload"] if layout.offload else []), "--ce-chunk-tokens", str(layout.ce_chunk_tokens)]
+    return [
+        "--micro-batch",
+        str(layout.micro_batch),
+        "--accum",
+        str(accum),
+        "--ckpt-every",
+        str(layout.ckpt_every),
+        *(["--ckpt-offload"] if layout.offload else []),
+        "--ce-chunk-tokens",
+        str(layout.ce_chunk_tokens),
+    ]
 
 
 def test_cli_options_describe_every_layout_the_planner_can_choose():
@@ -346,23 +436,27 @@ PLAN_TARGETS_GIB = (25, 30, 40, 45, 50, 60, 130)
 @pytest.mark.parametrize("target_gib", PLAN_TARGETS_GIB)
 def test_cli_predicts_the_peak_of_each_planned_layout(capsys, shapes_12b, target_gib):
     """train_ddp.py's MEMORY_TARGET_GIB path (the planner) and the CLI with the plan's layout agree."""
-    plan = mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), target_gib, seq_len=2048,
-                                     samples_per_step=8)
+    plan = mb.plan_for_memory_target(
+        shapes_12b, mb.load_config(CONFIG_12B), target_gib, seq_len=2048, samples_per_step=8
+    )
     assert plan["peak_bytes"] * (1 + mb.PREDICTION_MARGIN) <= target_gib * GiB
     layout = plan["layout"]
     assert plan["accum"] * layout.micro_batch == 8
     assert mb.main([str(CONFIG_12B), "--json", "--seq-len", "2048", *cli_options(layout, plan["accum"])]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["peak_bytes"] == plan["peak_bytes"] and r["global_batch"] == 8
-    assert {k: r["settings"][k] for k in ("micro_batch", "ckpt_every", "offload", "ce_chunk_tokens")} == \
-        vars(layout)
+    assert {k: r["settings"][k] for k in ("micro_batch", "ckpt_every", "offload", "ce_chunk_tokens")} == vars(layout)
 
 
 def test_planner_choices_span_the_layouts(shapes_12b):
     """PLAN_TARGETS_GIB reach offload, checkpointing of every layer / 2nd / 4th / none, micro-batches 1, 2
     and 8, loss chunks of 256 and 1024."""
-    plans = {t: mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), t, seq_len=2048,
-                                          samples_per_step=8)["layout"] for t in PLAN_TARGETS_GIB}
+    plans = {
+        t: mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), t, seq_len=2048, samples_per_step=8)[
+            "layout"
+        ]
+        for t in PLAN_TARGETS_GIB
+    }
     assert {p.ckpt_every for p in plans.values()} == {0, 1, 2, 4}
     assert plans[25].offload and {p.micro_batch for p in plans.values()} == {1, 2, 8}
     assert {p.ce_chunk_tokens for p in plans.values()} == {256, 1024}
@@ -382,6 +476,18 @@ def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     before = mb.param_shapes_from_model(AutoModelForCausalLM.from_pretrained(tiny_model_path))
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
-                                LoraConfig(r=4, target_modules=mb.DEFAULT_TARGETS))
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path), LoraConfig(r=4, target_modules=mb.DEFAULT_TARGETS)
+    )
     assert mb.param_shapes_from_model(peft_model.get_base_model()) == before
+
+
+def test_the_global_layers_kernel_drops_their_mask_bias_and_then_their_repeated_kv(shapes_12b, text_12b):
+    """8 global layers of 16 query and 2 KV heads of 512: SDPA is_causal saves the 2-byte mask bias per
+    (token, key); FFPA also the BF16 copy of K and V repeated from 2 to 16 heads."""
+    peak = {
+        a: budget(shapes_12b, text_12b, ckpt_every=0, attention=a)["peak_bytes"] for a in ("masked", "sdpa", "ffpa")
+    }
+    tokens, global_layers = 2048, 8
+    assert peak["masked"] - peak["sdpa"] == global_layers * tokens * 2 * 2048
+    assert peak["sdpa"] - peak["ffpa"] == global_layers * tokens * 2 * 2 * (16 - 2) * 512

@@ -3,6 +3,7 @@
 One uninterrupted 2-rank run is the reference (module fixture); every interrupted-then-resumed run
 must end with an adapter bitwise identical to it. Dropout is on, so the RNG handling is tested too.
 """
+
 import errno
 import json
 import math
@@ -18,19 +19,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import BACKENDS, ROOT, SAMPLE_DATA, TWO_GPUS, free_port, kill_tree, launch_env, torchrun
 from safetensors.torch import load_file
 
 import run_record
 import train_ddp as T
 from collate import PadCollate
-from conftest import BACKENDS, ROOT, TWO_GPUS, SAMPLE_DATA, free_port, kill_tree, launch_env, torchrun
 
 # 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
 # Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
-RUN = {"MAX_LEN": "128", "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "2", "NUM_WORKERS": "1",
-       "LORA_DROPOUT": "0.1", "SAVE_EVERY": "2", "KEEP_CHECKPOINTS": "2", "EVAL_EVERY": "3",
-       "DRIFT_CHECK_EVERY": "2", "DIST_TIMEOUT_S": "20"}
+RUN = {
+    "MAX_LEN": "128",
+    "MICRO_BATCH": "2",
+    "ACCUM_STEPS": "2",
+    "EPOCHS": "2",
+    "NUM_WORKERS": "1",
+    "LORA_DROPOUT": "0.1",
+    "SAVE_EVERY": "2",
+    "KEEP_CHECKPOINTS": "2",
+    "EVAL_EVERY": "3",
+    "DRIFT_CHECK_EVERY": "2",
+    "DIST_TIMEOUT_S": "20",
+}
 TOTAL_STEPS = 6
+FAULTY_TRAIN = ROOT / "tests" / "faulty_train.py"  # train_ddp.py with one injected fault (FAULT=KIND@STEP[@RANK])
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +71,7 @@ def references(tmp_path_factory, data):
             assert "identical on all 2 ranks" in run.output
             made[backend] = out
         return made[backend]
+
     return reference_for
 
 
@@ -93,9 +106,17 @@ class Job:
     started: list = []  # killed after each test, whatever its outcome (see no_orphans)
 
     def __init__(self, env: dict, *torchrun_args: str, backend: str = "gloo"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(ROOT / "train_ddp.py")]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **launch_env(backend), **env}, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        script = FAULTY_TRAIN if "FAULT" in env else ROOT / "train_ddp.py"
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(script)]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **launch_env(backend), **env},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.lines: list[tuple[float, str]] = []  # (monotonic time, line)
         self.ended = None  # when the output closed: the job is gone
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -109,16 +130,31 @@ class Job:
 
     @classmethod
     def single_node(cls, env: dict, nproc: int = 2, backend: str = "gloo"):
-        return cls(env, f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                   backend=backend)
+        return cls(
+            env,
+            f"--nproc_per_node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            backend=backend,
+        )
 
     @classmethod
     def two_nodes(cls, env: dict, node1_env: dict | None = None) -> list:
         """Two torchrun launches forming one job, one rank each; "node" 0 hosts the rendezvous store."""
         port = free_port()
-        return [cls(env if n == 0 else node1_env or env, "--nnodes=2", f"--node-rank={n}", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", f"--rdzv-conf=is_host={int(n == 0)}")
-                for n in (0, 1)]
+        return [
+            cls(
+                env if n == 0 else node1_env or env,
+                "--nnodes=2",
+                f"--node-rank={n}",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=two-nodes",
+                f"--rdzv-conf=is_host={int(n == 0)}",
+            )
+            for n in (0, 1)
+        ]
 
     @property
     def output(self) -> str:
@@ -183,16 +219,17 @@ def test_sigkill_mid_run_then_resume_is_bitwise_exact(tmp_path, data, references
     # the continuation reproduces the reference's logged losses and evaluation exactly, step for step
     tail = [r for r in metrics(out) if r["step"] > step]
     expected = [r for r in metrics(reference) if r["step"] > step]
-    assert [(r["step"], r.get("loss"), r.get("eval_loss")) for r in tail[-len(expected):]] == \
-           [(r["step"], r.get("loss"), r.get("eval_loss")) for r in expected]
+    assert [(r["step"], r.get("loss"), r.get("eval_loss")) for r in tail[-len(expected) :]] == [
+        (r["step"], r.get("loss"), r.get("eval_loss")) for r in expected
+    ]
 
 
 def test_max_restarts_recovers_a_worker_that_dies_once(tmp_path, data, reference):
     out = tmp_path / "out"
     # torch 2.13 + c10d: the restarted group must not read the dead group's keys from the shared
     # rendezvous store (pytorch/pytorch#135712), hence TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun.
-    env = job_env(data, out, FAULT_INJECT="die@5@1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    run = torchrun(ROOT / "train_ddp.py", env=env, extra_torchrun_args=("--max_restarts=1",), timeout=240)
+    env = job_env(data, out, FAULT="die@5@1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    run = torchrun(FAULTY_TRAIN, env=env, extra_torchrun_args=("--max_restarts=1",), timeout=240)
     assert run.returncode == 0, run.output[-4000:]
     assert "failed (exitcode: 17) local_rank: 1" in run.output  # the first attempt really lost rank 1
     assert resumed_step(run.output) == 4  # mid-epoch 1: one step of epoch 1 skipped, not re-tokenized
@@ -201,7 +238,7 @@ def test_max_restarts_recovers_a_worker_that_dies_once(tmp_path, data, reference
 
 def test_crash_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path, data, reference, monkeypatch):
     out = tmp_path / "out"
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, FAULT_INJECT="save@4"))
+    run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="save@4"))
     assert run.returncode != 0
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-00000004", "step-00000002", "step-00000003"]
@@ -250,7 +287,9 @@ def test_resume_picks_the_newest_intact_checkpoint(tmp_path, monkeypatch, capsys
     (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
     monkeypatch.setattr(T, "RESUME", "auto")
     assert T.find_resume_checkpoint(identity) == ckpts / "step-00000004"
-    assert f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
+    assert (
+        f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
+    )
     monkeypatch.setattr(T, "RESUME", "")
     assert T.find_resume_checkpoint(identity) is None
     monkeypatch.setattr(T, "RESUME", str(ckpts / "step-00000007"))
@@ -268,8 +307,11 @@ def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previ
         (folder / "a.bin").write_bytes(b"2" * 50)
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "a.bin"))
 
-    with pytest.raises(RuntimeError, match=rf"saving {final} failed: no space left on the device \(.* MiB free in "
-                                           rf"{final.parent}, this save needs about .* MiB\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"saving {final} failed: no space left on the device \(.* MiB free in "
+        rf"{final.parent}, this save needs about .* MiB\)",
+    ):
         T.publish_atomically(final, disk_fills, expected_bytes=100)
     assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002"]  # no .tmp- left to fill the disk
     assert run_record.damage(final) is None and (final / "a.bin").read_bytes() == b"1" * 100
@@ -297,9 +339,20 @@ def test_distributed_eval_equals_single_process_eval_of_the_whole_file(data, ref
 # ---------------------------------------------------------------- guards
 def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
     out = tmp_path / "out"
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, FAULT_INJECT="nan@3@1", NAN_POLICY="skip",
-                                                      MAX_STEPS="4", SAVE_EVERY="1", KEEP_CHECKPOINTS="9",
-                                                      DRIFT_CHECK_EVERY="1", EVAL_PATH=""))
+    run = torchrun(
+        FAULTY_TRAIN,
+        env=job_env(
+            data,
+            out,
+            FAULT="nan@3@1",
+            NAN_POLICY="skip",
+            MAX_STEPS="4",
+            SAVE_EVERY="1",
+            KEEP_CHECKPOINTS="9",
+            DRIFT_CHECK_EVERY="1",
+            EVAL_PATH="",
+        ),
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert "identical on all 2 ranks" in run.output
     steps = {r["step"]: r for r in metrics(out)}
@@ -310,8 +363,9 @@ def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
 
 
 def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
-    run = torchrun(ROOT / "train_ddp.py", timeout=120,
-                   env=job_env(data, tmp_path / "out", FAULT_INJECT="nan@2@1", NAN_POLICY="stop", EVAL_PATH=""))
+    run = torchrun(
+        FAULTY_TRAIN, timeout=120, env=job_env(data, tmp_path / "out", FAULT="nan@2@1", NAN_POLICY="stop", EVAL_PATH="")
+    )
     assert run.returncode != 0
     for rank in (0, 1):
         assert f"[rank {rank}] failed in optimizer step 2; last completed step: 1" in run.output, run.output[-4000:]
@@ -321,7 +375,7 @@ def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
 
 def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
     # 3 ranks, rank 0 drifts: the message must name rank 0, not "everyone but rank 0"
-    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="drift@1@0", EVAL_PATH=""), nproc=3)
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT="drift@1@0", EVAL_PATH=""), nproc=3)
     assert job.wait(180) != 0
     assert "replica drift at step 2: adapter weights on rank(s) [0] differ" in job.output, job.output[-4000:]
     assert "[rank 1] failed after optimizer step 2; last completed step: 2" in job.output
@@ -329,7 +383,7 @@ def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data, backend, record_property):
-    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""), backend=backend)
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT="die@2@1", EVAL_PATH=""), backend=backend)
     t_step1 = job.wait_for("step 1 |")
     assert job.wait(120) != 0
     record_property("seconds_after_step_1", round(job.ended - t_step1, 1))
@@ -339,29 +393,32 @@ def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data, backe
 
 def test_killed_rank_on_another_node_makes_the_survivor_exit_with_its_stack(tmp_path, data):
     # No common launcher stops the survivor here: its own failed collective has to.
-    nodes = Job.two_nodes(job_env(data, tmp_path / "out", FAULT_INJECT="die@2@1", EVAL_PATH=""))
+    nodes = Job.two_nodes(job_env(data, tmp_path / "out", FAULT="die@2@1", EVAL_PATH=""))
     codes = [node.wait(120) for node in nodes]
     assert all(code != 0 for code in codes)
     dead = next(n for n in nodes if "failed (exitcode: 17)" in n.output)
     survivor = next(n for n in nodes if n is not dead)
     t_death = dead.wait_for("failed (exitcode: 17)")
     assert survivor.ended - t_death < int(RUN["DIST_TIMEOUT_S"]), f"took {survivor.ended - t_death:.1f}s"
-    report = survivor.output[survivor.output.index("[rank 0] failed after optimizer step 2; last completed step: 2"):]
+    report = survivor.output[survivor.output.index("[rank 0] failed after optimizer step 2; last completed step: 2") :]
     assert "Traceback" in report and "RuntimeError" in report, survivor.output[-4000:]
 
 
 def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, data):
     timeout_s = 8
-    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="hang@2@1", EVAL_PATH="",
-                                  DIST_TIMEOUT_S=str(timeout_s)))
+    job = Job.single_node(
+        job_env(data, tmp_path / "out", FAULT="hang@2@1", EVAL_PATH="", DIST_TIMEOUT_S=str(timeout_s))
+    )
     t_step2 = job.wait_for("step 2 |")  # rank 0 finished step 2; rank 1 is stuck before finishing it
     assert job.wait(120) != 0
     elapsed = job.ended - t_step2
     assert timeout_s * 0.8 < elapsed < timeout_s + 20, f"took {elapsed:.1f}s"
     # rank 0 finished step 2 and waited in its next collective (the drift check) until the timeout
-    report = job.output[job.output.index("[rank 0] failed after optimizer step 2; last completed step: 2"):]
+    report = job.output[job.output.index("[rank 0] failed after optimizer step 2; last completed step: 2") :]
     assert "Traceback" in report and "check_replicas_identical" in report and "Timed out" in report, report[:4000]
-    assert re.search(r"\[rank 0\] stuck in gloo:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[-2000:]
+    assert re.search(r"\[rank 0\] stuck in gloo:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[
+        -2000:
+    ]
     assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
 
 
@@ -370,14 +427,17 @@ def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, da
 def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record_property):
     # NCCL never raises in Python: the job's HangWatchdog must end it, before NCCL's SIGABRT
     timeout_s = 30
-    job = Job.single_node(job_env(data, tmp_path / "out", FAULT_INJECT="hang@2@1", EVAL_PATH="",
-                                  DIST_TIMEOUT_S=str(timeout_s)), backend="nccl")
+    job = Job.single_node(
+        job_env(data, tmp_path / "out", FAULT="hang@2@1", EVAL_PATH="", DIST_TIMEOUT_S=str(timeout_s)), backend="nccl"
+    )
     t_step2 = job.wait_for("step 2 |")
     assert job.wait(180) != 0
     elapsed = job.ended - t_step2
     record_property("seconds_after_step_2", round(elapsed, 1))
     assert timeout_s * 0.8 < elapsed < timeout_s + 30, f"took {elapsed:.1f}s"
-    report = job.output[job.output.index("[rank 0] collective timeout after optimizer step 2; last completed step: 2"):]
+    report = job.output[
+        job.output.index("[rank 0] collective timeout after optimizer step 2; last completed step: 2") :
+    ]
     assert re.search(r"nccl:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[:3000]
     assert "check_replicas_identical" in report and "SIGABRT" not in job.output, report[:3000]
     assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
@@ -444,8 +504,9 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     assert ("RESUME_ALLOW_CHANGES=1" in lines[0]) == allowable
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
     # torchrun's last screen names the cause too (the worker's error file), not error_file: <N/A>
-    assert re.search(r"Root Cause[\s\S]*error_file: \S+error.json[\s\S]*InputError: \S+ was written by another run",
-                     run.output), run.output[-3000:]
+    assert re.search(
+        r"Root Cause[\s\S]*error_file: \S+error.json[\s\S]*InputError: \S+ was written by another run", run.output
+    ), run.output[-3000:]
 
 
 def test_a_finished_run_started_again_says_so_and_changes_nothing(tmp_path, data, reference):
@@ -470,17 +531,28 @@ def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, d
 
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, LR="1e-4", EPOCHS="3", RESUME_ALLOW_CHANGES="1"))
     assert run.returncode == 0, run.output[-3000:]
-    assert re.search(r"warning: resuming \S+step-00000006 with changed settings \(RESUME_ALLOW_CHANGES=1\): "
-                     r"EPOCHS: checkpoint 2, now 3; LR: checkpoint 0.0002, now 0.0001", run.output), run.output[-3000:]
+    assert re.search(
+        r"warning: resuming \S+step-00000006 with changed settings \(RESUME_ALLOW_CHANGES=1\): "
+        r"EPOCHS: checkpoint 2, now 3; LR: checkpoint 0.0002, now 0.0001",
+        run.output,
+    ), run.output[-3000:]
     assert resumed_step(run.output) == 6 and [r["step"] for r in metrics(out) if "loss" in r][-3:] == [7, 8, 9]
     config = json.loads((out / "config.json").read_text())
-    assert config["resumed_from"].endswith("step-00000006") and config["settings"]["LR"] == {"value": 1e-4, "source": "env"}
+    assert config["resumed_from"].endswith("step-00000006") and config["settings"]["LR"] == {
+        "value": 1e-4,
+        "source": "env",
+    }
 
 
 DAMAGE = {
     "two-bytes-flipped": lambda c: (c / "adapter_model.safetensors").write_bytes(
-        (lambda b: b[:1000] + bytes([b[1000] ^ 1, b[1001] ^ 1]) + b[1002:])((c / "adapter_model.safetensors").read_bytes())),
-    "truncated": lambda c: (c / "adapter_model.safetensors").write_bytes((c / "adapter_model.safetensors").read_bytes()[:5000]),
+        (lambda b: b[:1000] + bytes([b[1000] ^ 1, b[1001] ^ 1]) + b[1002:])(
+            (c / "adapter_model.safetensors").read_bytes()
+        )
+    ),
+    "truncated": lambda c: (c / "adapter_model.safetensors").write_bytes(
+        (c / "adapter_model.safetensors").read_bytes()[:5000]
+    ),
     "trainer-state-missing": lambda c: (c / "trainer_state.pt").unlink(),
     "trainer-state-garbage": lambda c: (c / "trainer_state.pt").write_bytes(b"garbage"),
     "empty-newer-folder": lambda c: (c.parent / "step-00000009").mkdir(),
@@ -506,7 +578,9 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
 def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, references, backend):
     reference = references(backend)
     out = tmp_path / "out"
-    job = Job.single_node(job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1"), backend=backend)  # no periodic checkpoint
+    job = Job.single_node(
+        job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1"), backend=backend
+    )  # no periodic checkpoint
     job.wait_for("step 1 |")
     job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
     job.wait(60)
@@ -519,12 +593,13 @@ def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_
 
 def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_taken_over(tmp_path, data, reference):
     out = tmp_path / "out"
-    first = Job.single_node(job_env(data, out, FAULT_INJECT="hang@2@1", DIST_TIMEOUT_S="60"))  # holds the lock
+    first = Job.single_node(job_env(data, out, FAULT="hang@2@1", DIST_TIMEOUT_S="60"))  # holds the lock
     first.wait_for("step 1 |")
     second = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), timeout=120)
     assert second.returncode != 0
-    assert re.search(rf"\[rank 0\] error: {out} is in use by another job \(host \S+, pid \d+, started ", second.output), \
-        second.output[-3000:]
+    assert re.search(
+        rf"\[rank 0\] error: {out} is in use by another job \(host \S+, pid \d+, started ", second.output
+    ), second.output[-3000:]
     first.kill()  # SIGKILL: its lock stays behind, naming a pid that no longer runs
     assert (out / ".lock").exists()
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))

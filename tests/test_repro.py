@@ -1,5 +1,6 @@
 """Every repro/ script on 2 ranks, on gloo (CPU) and on NCCL (GPU lane): each bug variant fails in
 bounded time with its message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
+
 import re
 import time
 
@@ -15,18 +16,53 @@ DRIFT5 = r"rank 0: all-reduces .* sha256 (\w+)\n  rank 1: all-reduces .* sha256 
 
 # (script, args, patterns that must all appear in the output)
 BUGS = [
-    ("01_uneven_batches.py", HANG, [r"batches per rank: \[3, 2\]", r"Timed out", r"stuck in the gradient all-reduce of batch 3/3",
-                                    r"stuck in the barrier after its 2 batches"]),
-    ("02_unused_parameters.py", (), [r"step 1 ok", r"Expected to have finished reduction in the prior iteration",
-                                     r"parameter indices without grad: \[\d+(, \d+){5}\]", r"embed_vision\.patch_dense\.lora_A",
-                                     r"embed_audio\.embedding_projection\.lora_B"]),
-    ("03_rank_divergent.py", ("--variant", "a", *HANG), [r"Timed out", r"stuck in all_reduce\(epoch_loss\) under `if rank == 0`"]),
+    (
+        "01_uneven_batches.py",
+        HANG,
+        [
+            r"batches per rank: \[3, 2\]",
+            r"Timed out",
+            r"stuck in the gradient all-reduce of batch 3/3",
+            r"stuck in the barrier after its 2 batches",
+        ],
+    ),
+    (
+        "02_unused_parameters.py",
+        (),
+        [
+            r"step 1 ok",
+            r"Expected to have finished reduction in the prior iteration",
+            r"parameter indices without grad: \[\d+(, \d+){5}\]",
+            r"embed_vision\.patch_dense\.lora_A",
+            r"embed_audio\.embedding_projection\.lora_B",
+        ],
+    ),
+    (
+        "03_rank_divergent.py",
+        ("--variant", "a", *HANG),
+        [r"Timed out", r"stuck in all_reduce\(epoch_loss\) under `if rank == 0`"],
+    ),
     ("03_rank_divergent.py", ("--variant", "b", *HANG), [r"Timed out", r"stuck in DDP's buffer broadcast"]),
-    ("03_rank_divergent.py", ("--variant", "c", *HANG), [r"Timed out", r"left the loop at the NaN of step 2",
-                                                         r"stuck in the gradient all-reduce of step 2"]),
-    ("04_modified_after_wrap.py", ("--variant", "adapters"), [r"AFTER the DDP wrap", r"82 of 82 trained tensors differ", DRIFT4]),
-    ("04_modified_after_wrap.py", ("--variant", "unfreeze"), [r"AFTER the DDP wrap", r"1 of 83 trained tensors differ.*norm\.weight", DRIFT4]),
-    ("05_accumulation_sync.py", ("--variant", "a"), [r"per optimizer step \[4, 4, 4\]", r"12 all-reduces for 3 optimizer steps"]),
+    (
+        "03_rank_divergent.py",
+        ("--variant", "c", *HANG),
+        [r"Timed out", r"left the loop at the NaN of step 2", r"stuck in the gradient all-reduce of step 2"],
+    ),
+    (
+        "04_modified_after_wrap.py",
+        ("--variant", "adapters"),
+        [r"AFTER the DDP wrap", r"82 of 82 trained tensors differ", DRIFT4],
+    ),
+    (
+        "04_modified_after_wrap.py",
+        ("--variant", "unfreeze"),
+        [r"AFTER the DDP wrap", r"1 of 83 trained tensors differ.*norm\.weight", DRIFT4],
+    ),
+    (
+        "05_accumulation_sync.py",
+        ("--variant", "a"),
+        [r"per optimizer step \[4, 4, 4\]", r"12 all-reduces for 3 optimizer steps"],
+    ),
     ("05_accumulation_sync.py", ("--variant", "b"), [r"per optimizer step \[0, 0, 0\]", r"replicas drifted", DRIFT5]),
     ("06_closure_collate.py", (), [r"Can't (pickle|get) local object 'make_collate.<locals>.collate'"]),
     ("07_all_ranks_write.py", (), [r"rank 0 reads back (a state no rank held|rank 1's state|an unreadable file)"]),
@@ -38,8 +74,11 @@ FIXES = [
     ("02_unused_parameters.py", ("--fix=find_unused",), [r"OK \(--fix=find_unused\)", r"step 3 ok"]),
     ("03_rank_divergent.py", ("--variant", "a", "--fix", *HANG), [r"mean loss over ranks"]),
     ("03_rank_divergent.py", ("--variant", "b", "--fix", *HANG), [r"eval on rank 0"]),
-    ("03_rank_divergent.py", ("--variant", "c", "--fix", *HANG), [r"\[rank 0\] .*left the loop at step 2",
-                                                                   r"\[rank 1\] .*left the loop at step 2"]),
+    (
+        "03_rank_divergent.py",
+        ("--variant", "c", "--fix", *HANG),
+        [r"\[rank 0\] .*left the loop at step 2", r"\[rank 1\] .*left the loop at step 2"],
+    ),
     ("04_modified_after_wrap.py", ("--variant", "adapters", "--fix"), [r"0 of 82 trained tensors differ"]),
     ("04_modified_after_wrap.py", ("--variant", "unfreeze", "--fix"), [r"0 of 83 trained tensors differ"]),
     ("05_accumulation_sync.py", ("--fix",), [r"per optimizer step \[1, 1, 1\]", r"3 all-reduces for 3 steps"]),
@@ -50,8 +89,10 @@ BOUND = 90  # seconds per launch, imports included; the hang cases error out aft
 NCCL_BOUND = 3 * 5 + 30  # the hang cases on NCCL: 3x --timeout, plus 30 s for start-up (CUDA, NCCL init)
 # NCCL may match a stray collective silently instead of timing out, so its hang cases promise less than
 # gloo's exact "Timed out" story: every rank reports where it stood, rank 0 explains.
-NCCL_HANG = {"01": [r"batches per rank: \[3, 2\]", r"\[rank 0\] (stuck in|finished)", r"\[rank 1\] (stuck in|finished)"],
-             "03": [r"\[rank 0\] (stuck in|reached)", r"\[rank 1\] (stuck in|reached)"]}
+NCCL_HANG = {
+    "01": [r"batches per rank: \[3, 2\]", r"\[rank 0\] (stuck in|finished)", r"\[rank 1\] (stuck in|finished)"],
+    "03": [r"\[rank 0\] (stuck in|reached)", r"\[rank 1\] (stuck in|reached)"],
+}
 
 
 def _id(case):

@@ -1,4 +1,5 @@
 """run_record.py: identity differences, checkpoint manifests and the OUTPUT_DIR lock (in-process)."""
+
 import json
 import os
 import re
@@ -16,7 +17,10 @@ def test_differences_list_structural_changes_first():
     saved = {"LR": 2e-4, "LORA_R": 16, "data_sha256": "a", "SEED": 1}
     now = {"LR": 1e-4, "LORA_R": 8, "data_sha256": "b", "SEED": 1}
     assert run_record.differences(saved, now) == [
-        "LORA_R: checkpoint 16, now 8", "LR: checkpoint 0.0002, now 0.0001", "data_sha256: checkpoint 'a', now 'b'"]
+        "LORA_R: checkpoint 16, now 8",
+        "LR: checkpoint 0.0002, now 0.0001",
+        "data_sha256: checkpoint 'a', now 'b'",
+    ]
     assert run_record.differences(saved, dict(saved)) == []
 
 
@@ -26,8 +30,10 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     b.write_text(a.read_text())
     c.write_text('{"x": 2}\n{"x": 1}\n')  # same bytes, other order
     settings = dict.fromkeys(run_record.TRAINING, 0)
-    ident = {p: run_record.identity(settings, 2, 4, str(p), {"hidden_size": 8, "transformers_version": "5"})
-             for p in (a, b, c)}
+    ident = {
+        p: run_record.identity(settings, 2, 4, str(p), {"hidden_size": 8, "transformers_version": "5"})
+        for p in (a, b, c)
+    }
     assert ident[a] == ident[b] and ident[a]["data_sha256"] != ident[c]["data_sha256"]
     other_version = run_record.identity(settings, 2, 4, str(a), {"hidden_size": 8, "transformers_version": "6"})
     assert other_version == ident[a]
@@ -47,12 +53,22 @@ def test_an_intact_checkpoint_has_no_damage(checkpoint):
     assert run_record.damage(checkpoint) is None
 
 
-@pytest.mark.parametrize("harm,expected", [
-    (lambda f: f.write_bytes(f.read_bytes()[:100]), r"adapter_model.safetensors has 100 bytes, the manifest says 10240"),
-    (lambda f: f.write_bytes(f.read_bytes()[:50] + b"\xff\xfe" + f.read_bytes()[52:]), r"does not match its checksum"),
-    (lambda f: f.unlink(), r"adapter_model.safetensors is missing"),
-    (lambda f: (f.parent / run_record.MANIFEST).unlink(), r"no readable manifest.json"),
-], ids=["truncated", "two-bytes-flipped", "file-missing", "no-manifest"])
+@pytest.mark.parametrize(
+    "harm,expected",
+    [
+        (
+            lambda f: f.write_bytes(f.read_bytes()[:100]),
+            r"adapter_model.safetensors has 100 bytes, the manifest says 10240",
+        ),
+        (
+            lambda f: f.write_bytes(f.read_bytes()[:50] + b"\xff\xfe" + f.read_bytes()[52:]),
+            r"does not match its checksum",
+        ),
+        (lambda f: f.unlink(), r"adapter_model.safetensors is missing"),
+        (lambda f: (f.parent / run_record.MANIFEST).unlink(), r"no readable manifest.json"),
+    ],
+    ids=["truncated", "two-bytes-flipped", "file-missing", "no-manifest"],
+)
 def test_damage_names_the_file_and_the_problem(checkpoint, harm, expected):
     harm(checkpoint / "adapter_model.safetensors")
     assert re.search(expected, run_record.damage(checkpoint))
@@ -61,8 +77,13 @@ def test_damage_names_the_file_and_the_problem(checkpoint, harm, expected):
 def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid, "started": "then"}))
-        with pytest.raises(RuntimeError, match=rf"in use by another job \(host {socket.gethostname()}, pid {holder.pid}, started then\)"):
+        (tmp_path / ".lock").write_text(
+            json.dumps({"host": socket.gethostname(), "pid": holder.pid, "started": "then"})
+        )
+        with pytest.raises(
+            RuntimeError,
+            match=rf"in use by another job \(host {socket.gethostname()}, pid {holder.pid}, started then\)",
+        ):
             run_record.OutputLock(str(tmp_path)).acquire()
     finally:
         holder.kill()

@@ -1,4 +1,5 @@
 """train_ddp.py: in-process checks of its pieces, and real 2-rank gloo jobs (each bounded in time)."""
+
 import json
 import os
 import re
@@ -7,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from conftest import BACKENDS, ROOT, SAMPLE_DATA, free_port, kill_tree, nonzero_lora_b, torchrun
 
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, free_port, kill_tree, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -36,21 +37,34 @@ def sample_rows(n):
 
 
 # ---------------------------------------------------------------- data
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One?"},
-     {"role": "assistant", "content": "Yes one."}, {"role": "user", "content": "Two?"},
-     {"role": "assistant", "content": "Two indeed."}],
-    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b c"},
-     {"role": "user", "content": "d"}, {"role": "assistant", "content": "e f g"},
-     {"role": "user", "content": "h"}, {"role": "assistant", "content": "i"}],
-], ids=["single-turn", "system+multi-turn", "three-turns"])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "One?"},
+            {"role": "assistant", "content": "Yes one."},
+            {"role": "user", "content": "Two?"},
+            {"role": "assistant", "content": "Two indeed."},
+        ],
+        [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b c"},
+            {"role": "user", "content": "d"},
+            {"role": "assistant", "content": "e f g"},
+            {"role": "user", "content": "h"},
+            {"role": "assistant", "content": "i"},
+        ],
+    ],
+    ids=["single-turn", "system+multi-turn", "three-turns"],
+)
 def test_targets_are_exactly_the_assistant_turns(tokenizer, messages):
     ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
     ids, labels = ex["input_ids"], ex["labels"]
     assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # <bos> once
     spans, current = [], []
-    for i, lab in zip(ids, labels):
+    for i, lab in zip(ids, labels, strict=True):
         if lab == IGNORE_INDEX:
             if current:
                 spans.append(current)
@@ -94,8 +108,11 @@ def test_adapters_only_on_the_text_decoder(tiny_lora_model):
         has_v = any(f"layers.{layer}.self_attn.v_proj.lora" in n for n in names)
         assert has_v == (kind == "sliding_attention")  # global layers: attention_k_eq_v, no v_proj
     assert "full_attention" in config.layer_types
-    targeted = [m for n, m in tiny_lora_model.get_base_model().named_modules()
-                if re.fullmatch(T.LORA_TARGETS, n) and hasattr(m, "base_layer")]
+    targeted = [
+        m
+        for n, m in tiny_lora_model.get_base_model().named_modules()
+        if re.fullmatch(T.LORA_TARGETS, n) and hasattr(m, "base_layer")
+    ]
     expected = sum(T.LORA_R * (m.base_layer.in_features + m.base_layer.out_features) for m in targeted)
     assert tiny_lora_model.get_nb_trainable_parameters()[0] == expected
 
@@ -115,11 +132,12 @@ def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_
     (full, n_full, g_full), (chunked, n_chunked, g_chunked) = results
     assert n_full == n_chunked == (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
     torch.testing.assert_close(chunked, full, rtol=1e-6, atol=0)
-    for a, b in zip(g_chunked, g_full):  # fp32 summation-order noise only, relative to the tensor's scale
+    for a, b in zip(g_chunked, g_full, strict=True):  # fp32 summation-order noise only, relative to the tensor's scale
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
     # and the loss equals the model's own (HF) token-mean cross-entropy with softcapping
-    reference = tiny_lora_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                labels=batch["labels"]).loss
+    reference = tiny_lora_model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+    ).loss
     torch.testing.assert_close(full / n_full, reference, rtol=1e-5, atol=0)
 
 
@@ -127,7 +145,9 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, to
     """An assistant turn cut off by MAX_LEN leaves a micro-batch with no target: backward must still run
     (zero gradients on every adapter), or that rank would crash while the others wait in the all-reduce."""
     monkeypatch.setattr(T, "CE_CHUNK_TOKENS", 64)
-    ids = torch.tensor([T.tokenize_conversation(tokenizer, T.load_conversations(str(SAMPLE_DATA))[0], 32, True)["input_ids"]])
+    ids = torch.tensor(
+        [T.tokenize_conversation(tokenizer, T.load_conversations(str(SAMPLE_DATA))[0], 32, True)["input_ids"]]
+    )
     tiny_lora_model.zero_grad(set_to_none=True)
     loss, n = T.CausalLMLoss(tiny_lora_model)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
     loss.backward()
@@ -141,17 +161,30 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, to
 def test_end_to_end_two_ranks(tmp_path, backend):
     data = write_rows(tmp_path / "train.jsonl", sample_rows(37))  # 37: not divisible by 2*2*2
     out = tmp_path / "out"
-    run = torchrun(ROOT / "train_ddp.py", env={"DATA_PATH": str(data), "OUTPUT_DIR": str(out), "MAX_LEN": "256",
-                                              "MICRO_BATCH": "2", "ACCUM_STEPS": "2", "EPOCHS": "1", "NUM_WORKERS": "1"},
-                   backend=backend)
+    run = torchrun(
+        ROOT / "train_ddp.py",
+        env={
+            "DATA_PATH": str(data),
+            "OUTPUT_DIR": str(out),
+            "MAX_LEN": "256",
+            "MICRO_BATCH": "2",
+            "ACCUM_STEPS": "2",
+            "EPOCHS": "1",
+            "NUM_WORKERS": "1",
+        },
+        backend=backend,
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert "identical on all 2 ranks" in run.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum
     assert records[0]["lr"] > 0  # warmup's first step trains
     assert "FutureWarning" not in run.output and run.output.count("Loading weights: 100%") == 1  # rank 0's bar only
-    summary = re.search(r"data: 37 rows; of 37 sampled, (\d+) longer than MAX_LEN=256 \((\d+) of (\d+) target tokens "
-                        r"cut\), \d+ with no target left; 5 rows per epoch left out by drop_last", run.output)
+    summary = re.search(
+        r"data: 37 rows; of 37 sampled, (\d+) longer than MAX_LEN=256 \((\d+) of (\d+) target tokens "
+        r"cut\), \d+ with no target left; 5 rows per epoch left out by drop_last",
+        run.output,
+    )
     assert summary and int(summary[3]) > sum(r["targets"] for r in records), run.output[:3000]
     assert re.search(r"adapter: \S+adapter +metrics: \S+metrics.jsonl +checkpoints: .*\nload it: PeftModel", run.output)
     assert all(r["targets"] > 0 and r["tokens"] > r["targets"] and r["loss"] > 0 for r in records)
@@ -179,37 +212,83 @@ def test_only_rank0_writes_and_reloaded_adapter_reproduces_logits(tmp_path):
 
 
 BAD_INPUTS = {
-    "malformed-json": (lambda d: write_rows(d / "x.jsonl", [sample_rows(1)[0], '{"messages": [}']), {},
-                       r"x\.jsonl:2: not valid JSON"),
+    "malformed-json": (
+        lambda d: write_rows(d / "x.jsonl", [sample_rows(1)[0], '{"messages": [}']),
+        {},
+        r"x\.jsonl:2: not valid JSON",
+    ),
     "no-messages": (lambda d: write_rows(d / "x.jsonl", [{"text": "hi"}]), {}, r"x\.jsonl:1: expected .*'messages'"),
-    "unknown-role": (lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}]), {},
-                     r"x\.jsonl:1: message 0: unknown role 'bot'"),
-    "assistant-first": (lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "assistant", "content": "Hi"}]}]),
-                        {}, r"x\.jsonl:1: message 0 is from the assistant"),
+    "unknown-role": (
+        lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}]),
+        {},
+        r"x\.jsonl:1: message 0: unknown role 'bot'",
+    ),
+    "assistant-first": (
+        lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "assistant", "content": "Hi"}]}]),
+        {},
+        r"x\.jsonl:1: message 0 is from the assistant",
+    ),
     "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
-    "too-few-samples": (lambda d: write_rows(d / "x.jsonl", sample_rows(3)), {"ACCUM_STEPS": "2"},
-                        r"3 samples, but one optimizer step needs .* = 2\*1\*2 = 4"),
-    "unwritable-output": (lambda d: SAMPLE_DATA, {"OUTPUT_DIR": "/proc/forbidden"}, r"OUTPUT_DIR '/proc/forbidden' is not writable"),
-    "regex-matches-nothing": (lambda d: SAMPLE_DATA, {"LORA_TARGETS": r".*\.nonexistent_proj"},
-                              r"LORA_TARGETS .* matches no Linear module"),
-    "not-utf8": (lambda d: (d / "x.jsonl").write_bytes(SAMPLE_DATA.read_bytes().split(b"\n")[0] + b"\n" +
-                                                     '{"messages": "caf\u00e9"}'.encode("latin-1")) and d / "x.jsonl",
-                 {}, r"x\.jsonl:2: not UTF-8 \(byte 0xe9 at column 18\); save the file as UTF-8"),
-    "missing-model-folder": (lambda d: SAMPLE_DATA, {"MODEL_ID": "/nonexistent/models/gemma"},
-                             r"MODEL_ID '/nonexistent/models/gemma': no such folder"),
-    "hub-id-offline": (lambda d: SAMPLE_DATA, {"MODEL_ID": "google/gemma-4-12B-it", "HF_HUB_OFFLINE": "1",
-                                               "HF_HOME": "/nonexistent-hf-home"},
-                       r"MODEL_ID 'google/gemma-4-12B-it': not in the local hub cache, and HF_HUB_OFFLINE is set"),
-    "json-array": (lambda d: (d / "x.json").write_text(json.dumps([json.loads(r) for r in sample_rows(4)])) and d / "x.json",
-                   {}, r"x\.json:1: a JSON array; this script reads JSON Lines, one object per line. Convert: python -c"),
-    "sharegpt": (lambda d: write_rows(d / "x.jsonl", [{"conversations": [{"from": "human", "value": "Hi"}]}]), {},
-                 r"x\.jsonl:1: expected .*'messages' list; this looks like ShareGPT: rename 'conversations' to 'messages'"),
-    "prompt-completion": (lambda d: write_rows(d / "x.jsonl", [{"prompt": "Hi", "completion": "Hello"}]), {},
-                          r"x\.jsonl:1: expected .*'messages' list; this looks like prompt/completion: write"),
-    "no-target-within-max-len": (lambda d: SAMPLE_DATA, {"MAX_LEN": "16"},
-                                 r"no row keeps a target token within MAX_LEN=16 .*: raise MAX_LEN"),
-    "bad-constants": (lambda d: SAMPLE_DATA, {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
-                      r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)"),
+    "too-few-samples": (
+        lambda d: write_rows(d / "x.jsonl", sample_rows(3)),
+        {"ACCUM_STEPS": "2"},
+        r"3 samples, but one optimizer step needs .* = 2\*1\*2 = 4",
+    ),
+    "unwritable-output": (
+        lambda d: SAMPLE_DATA,
+        {"OUTPUT_DIR": "/proc/forbidden"},
+        r"OUTPUT_DIR '/proc/forbidden' is not writable",
+    ),
+    "regex-matches-nothing": (
+        lambda d: SAMPLE_DATA,
+        {"LORA_TARGETS": r".*\.nonexistent_proj"},
+        r"LORA_TARGETS .* matches no Linear module",
+    ),
+    "not-utf8": (
+        lambda d: (
+            (d / "x.jsonl").write_bytes(
+                SAMPLE_DATA.read_bytes().split(b"\n")[0] + b"\n" + '{"messages": "caf\u00e9"}'.encode("latin-1")
+            )
+            and d / "x.jsonl"
+        ),
+        {},
+        r"x\.jsonl:2: not UTF-8 \(byte 0xe9 at column 18\); save the file as UTF-8",
+    ),
+    "missing-model-folder": (
+        lambda d: SAMPLE_DATA,
+        {"MODEL_ID": "/nonexistent/models/gemma"},
+        r"MODEL_ID '/nonexistent/models/gemma': no such folder",
+    ),
+    "hub-id-offline": (
+        lambda d: SAMPLE_DATA,
+        {"MODEL_ID": "google/gemma-4-12B-it", "HF_HUB_OFFLINE": "1", "HF_HOME": "/nonexistent-hf-home"},
+        r"MODEL_ID 'google/gemma-4-12B-it': not in the local hub cache, and HF_HUB_OFFLINE is set",
+    ),
+    "json-array": (
+        lambda d: (d / "x.json").write_text(json.dumps([json.loads(r) for r in sample_rows(4)])) and d / "x.json",
+        {},
+        r"x\.json:1: a JSON array; this script reads JSON Lines, one object per line. Convert: python -c",
+    ),
+    "sharegpt": (
+        lambda d: write_rows(d / "x.jsonl", [{"conversations": [{"from": "human", "value": "Hi"}]}]),
+        {},
+        r"x\.jsonl:1: expected .*'messages' list; this looks like ShareGPT: rename 'conversations' to 'messages'",
+    ),
+    "prompt-completion": (
+        lambda d: write_rows(d / "x.jsonl", [{"prompt": "Hi", "completion": "Hello"}]),
+        {},
+        r"x\.jsonl:1: expected .*'messages' list; this looks like prompt/completion: write",
+    ),
+    "no-target-within-max-len": (
+        lambda d: SAMPLE_DATA,
+        {"MAX_LEN": "16"},
+        r"no row keeps a target token within MAX_LEN=16 .*: raise MAX_LEN",
+    ),
+    "bad-constants": (
+        lambda d: SAMPLE_DATA,
+        {"MICRO_BATCH": "0", "LR": "abc", "LORA_DROPOUT": "1.5"},
+        r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)",
+    ),
 }
 
 
@@ -227,12 +306,29 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
     timeout. Both exit at once with the same clear error: it is raised before the first collective."""
     make_data, env, message = BAD_INPUTS[case]
     port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, str(ROOT / "train_ddp.py")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                        "DATA_PATH": str(make_data(tmp_path)), "OUTPUT_DIR": str(tmp_path / "out"),
-                        "DIST_TIMEOUT_S": "120", **env}) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train_ddp.py")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                "CUDA_VISIBLE_DEVICES": "",
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "DATA_PATH": str(make_data(tmp_path)),
+                "OUTPUT_DIR": str(tmp_path / "out"),
+                "DIST_TIMEOUT_S": "120",
+                **env,
+            },
+        )
+        for rank in (0, 1)
+    ]
     for rank, proc in enumerate(procs):
         try:
             out, _ = proc.communicate(timeout=60)
@@ -246,38 +342,51 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
 # ---------------------------------------------------------------- optimisations compute the same thing
 def loss_and_grads(monkeypatch, tokenizer, bf16: bool = False, **constants):
     """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants patched."""
-    for name, value in {"LORA_DROPOUT": 0.0, "CE_CHUNK_TOKENS": 0, "GRADIENT_CHECKPOINTING": 0,
-                        "LORA_BF16_INPUTS": False, "COMPILE_LAYERS": False, **constants}.items():
+    for name, value in {
+        "LORA_DROPOUT": 0.0,
+        "CE_CHUNK_TOKENS": 0,
+        "GRADIENT_CHECKPOINTING": 0,
+        "LORA_BF16_INPUTS": False,
+        "COMPILE_LAYERS": False,
+        **constants,
+    }.items():
         monkeypatch.setattr(T, name, value)
     rows = T.load_conversations(str(SAMPLE_DATA))[3:6]
     batch = PadCollate(tokenizer.pad_token_id, constants.get("PAD_TO_MULTIPLE", 1))(
-        [T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
+        [T.tokenize_conversation(tokenizer, r, 512, True) for r in rows]
+    )
     torch.manual_seed(0)
     base = T.load_model(torch.device("cpu"))
-    model = T.add_lora(base.to(torch.bfloat16) if bf16 else base)
-    with torch.no_grad():  # non-zero B, so that every adapter weight gets a gradient
-        for i, (name, p) in enumerate(sorted(model.named_parameters())):
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    model = nonzero_lora_b(T.add_lora(base.to(torch.bfloat16) if bf16 else base))
     module = T.CausalLMLoss(model).train()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss, n = module(**batch)
     loss.backward()
-    return loss.detach().float(), int(n), [p.grad.float() for _, p in sorted(model.named_parameters()) if p.requires_grad]
+    return (
+        loss.detach().float(),
+        int(n),
+        [p.grad.float() for _, p in sorted(model.named_parameters()) if p.requires_grad],
+    )
 
 
 def assert_same(a, b, rtol):
     (loss_a, n_a, grads_a), (loss_b, n_b, grads_b) = a, b
     assert n_a == n_b
     torch.testing.assert_close(loss_a, loss_b, rtol=rtol, atol=0)
-    for ga, gb in zip(grads_a, grads_b):  # relative to each tensor's scale
+    for ga, gb in zip(grads_a, grads_b, strict=True):  # relative to each tensor's scale
         assert float((ga - gb).norm()) <= rtol * float(gb.norm()), float((ga - gb).norm() / gb.norm())
 
 
-@pytest.mark.parametrize("lever", [
-    {"CE_CHUNK_TOKENS": 64}, {"PAD_TO_MULTIPLE": 64}, {"GRADIENT_CHECKPOINTING": 1},
-    {"GRADIENT_CHECKPOINTING": 2},  # CHECKPOINT_OFFLOAD needs a GPU (pinned host memory): bench.py measures it
-], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize(
+    "lever",
+    [
+        {"CE_CHUNK_TOKENS": 64},
+        {"PAD_TO_MULTIPLE": 64},
+        {"GRADIENT_CHECKPOINTING": 1},
+        {"GRADIENT_CHECKPOINTING": 2},  # CHECKPOINT_OFFLOAD needs a GPU (pinned host memory): bench.py measures it
+    ],
+    ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
+)
 def test_optimisation_gives_the_plain_loss_and_gradients(monkeypatch, tokenizer, lever):
     assert_same(loss_and_grads(monkeypatch, tokenizer, **lever), loss_and_grads(monkeypatch, tokenizer), rtol=1e-5)
 
@@ -289,8 +398,11 @@ def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(monkeypatch, to
 
 
 def test_compiled_layers_give_the_eager_loss_and_gradients(monkeypatch, tokenizer):
-    assert_same(loss_and_grads(monkeypatch, tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
-                loss_and_grads(monkeypatch, tokenizer), rtol=1e-4)
+    assert_same(
+        loss_and_grads(monkeypatch, tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
+        loss_and_grads(monkeypatch, tokenizer),
+        rtol=1e-4,
+    )
 
 
 def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(monkeypatch, tokenizer):
@@ -300,16 +412,20 @@ def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(mo
     dataset = T.ChatDataset(T.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
     window = T.MICRO_BATCH * T.ACCUM_STEPS
     collate = PadCollate(tokenizer.pad_token_id)
-    index_loader = [(T.train_loader(list(range(len(dataset))), 1, 2, 5, 0, None, lengths), lengths)
-                    for lengths in (None, dataset.lengths)]
+    index_loader = [
+        (T.train_loader(list(range(len(dataset))), 1, 2, 5, 0, None, lengths), lengths)
+        for lengths in (None, dataset.lengths)
+    ]
     plain, grouped = ([i for b in loader for i in b.tolist()] for loader, _ in index_loader)
     assert len(plain) == len(grouped)
     for start in range(0, len(plain), window):  # same samples in every optimizer step
-        assert sorted(plain[start:start + window]) == sorted(grouped[start:start + window])
+        assert sorted(plain[start : start + window]) == sorted(grouped[start : start + window])
 
     def padding(order):
-        batches = [collate([dataset[i] for i in order[j:j + 4]]) for j in range(0, len(order), 4)]
-        return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["attention_mask"].numel() for b in batches)
+        batches = [collate([dataset[i] for i in order[j : j + 4]]) for j in range(0, len(order), 4)]
+        return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(
+            b["attention_mask"].numel() for b in batches
+        )
 
     assert padding(grouped) < 0.5 * padding(plain)
 

@@ -1,0 +1,76 @@
+"""train_ddp.py with one injected fault, for tests/test_recovery.py:
+
+    FAULT=KIND@STEP[@RANK] torchrun --nproc_per_node=2 tests/faulty_train.py
+
+The fault fires in optimizer step STEP, on RANK (or on every rank), in torchrun's first attempt only, so
+a group restarted by --max_restarts resumes and finishes, as after a real one-off failure:
+  nan    that step's loss is NaN (in the forward: every rank's all-reduced loss and gradients are NaN)
+  drift  after the update, this rank's first adapter weight moves by 1e-3: the replicas now differ
+  die    after the update the process exits with code 17: no exception, no cleanup
+  hang   after the update the process sleeps for an hour: its peers' next collective must time out
+  save   exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
+Each kind patches the one thing it needs; train_ddp.main() then runs as it is.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+import train_ddp as T  # noqa: E402
+
+KIND, STEP, *RANK = os.environ["FAULT"].split("@")
+
+
+def fires() -> bool:
+    return (
+        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        and T._step["current"] == int(STEP)
+        and (not RANK or int(RANK[0]) == dist.get_rank())
+    )
+
+
+def nan_loss(forward):
+    def forward_with_nan(self, *args, **kwargs):
+        loss, n_targets = forward(self, *args, **kwargs)
+        return (loss * float("nan") if fires() else loss), n_targets
+
+    return forward_with_nan
+
+
+def after_update(optimizer, args, kwargs) -> None:
+    if not fires():
+        return
+    if KIND == "drift":
+        with torch.no_grad():
+            optimizer.param_groups[0]["params"][0].add_(1e-3)
+    elif KIND == "die":
+        os._exit(17)
+    elif KIND == "hang":
+        time.sleep(3600)
+
+
+def crash_mid_save(save):
+    def save_or_crash(*args, **kwargs):
+        if fires():
+            os._exit(13)
+        return save(*args, **kwargs)
+
+    return save_or_crash
+
+
+if KIND == "nan":
+    T.CausalLMLoss.forward = nan_loss(T.CausalLMLoss.forward)
+elif KIND == "save":
+    torch.save = crash_mid_save(torch.save)  # train_ddp writes trainer_state.pt with it, after the adapter
+else:
+    register_optimizer_step_post_hook(after_update)
+
+if __name__ == "__main__":
+    T.run()
