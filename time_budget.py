@@ -1,0 +1,264 @@
+"""How long, and how many GPU-hours: train_ddp.py's real step timed on your data, before you rent GPUs.
+
+    DATA_PATH=chat.jsonl MODEL_ID=google/gemma-4-12B-it python time_budget.py --gpus-per-node 8 --nodes 1 2
+
+Settings are train_ddp.py's, from the same environment variables (MEMORY_TARGET_GIB's layout and
+ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
+  measured  the data's token lengths through the real chat template (every row up to --rows, sampled
+            evenly), the target fraction; train_ddp's forward_backward + clip + AdamW step on micro-batches
+            of real rows at the short, typical and long quantiles of that length distribution (warm-up
+            steps first), the peak memory of each; one checkpoint save.
+  modelled  the time of every other micro-batch length (linear between the measured lengths: attention
+            makes it convex, so interpolation errs slightly high); the epoch as the trainer cuts it
+            (DistributedSampler + length grouping, one rank's share); the gradient all-reduce from
+            memory_budget.py at --bus-bw-gbps, of which DDP hides what the last micro-batch's backward
+            (taken as 2/3 of its time) covers.
+On the CPU this runs whatever model MODEL_ID names (the tiny default): its times do not transfer to GPUs.
+"""
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+QUANTILES = {"short": 0.1, "typical": 0.5, "long": 0.9, "longest": 1.0}
+BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward FLOPs: the part of the last micro-batch the all-reduce hides behind
+
+
+def quantile(sorted_values: list[int], q: float) -> int:
+    """The nearest-rank quantile of a sorted list."""
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def padded(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def interpolate(points: dict[int, float], length: int) -> float:
+    """Seconds at `length` from measured {length: seconds}: linear between neighbours, linear beyond the ends."""
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]] * length / xs[0]
+    lo, hi = (
+        (xs[0], xs[1])
+        if length <= xs[0]
+        else (xs[-2], xs[-1])
+        if length >= xs[-1]
+        else next((a, b) for a, b in zip(xs, xs[1:], strict=False) if a <= length <= b)
+    )
+    return points[lo] + (points[hi] - points[lo]) * (length - lo) / (hi - lo)
+
+
+def epoch_micro_batch_lengths(lengths: list[int], ranks: int, settings: dict) -> list[int]:
+    """Padded length of each micro-batch one rank runs in one epoch, cut as train_ddp.train_loader cuts it."""
+    import torch.utils.data as data
+
+    import train_ddp as T
+
+    sampler = data.DistributedSampler(
+        range(len(lengths)), num_replicas=ranks, rank=0, shuffle=True, seed=settings["SEED"], drop_last=True
+    )
+    window = settings["MICRO_BATCH"] * settings["ACCUM_STEPS"]
+    order = list(T.StepOrder(sampler, 0, lengths if settings["GROUP_BY_LENGTH"] else None, window))
+    steps = len(order) // window  # a partial accumulation window is dropped
+    order = order[: steps * window]
+    micro = settings["MICRO_BATCH"]
+    return [
+        padded(max(lengths[i] for i in order[s : s + micro]), settings["PAD_TO_MULTIPLE"])
+        for s in range(0, len(order), micro)
+    ]
+
+
+def predict(
+    measured: dict, lengths: list[int], settings: dict, gpus_per_node: int, nodes: int, allreduce_s: float
+) -> dict:
+    """Time per epoch and to completion for `nodes` x `gpus_per_node` ranks, from the measured seconds per
+    micro-batch by length, the optimizer step and the checkpoint save."""
+    ranks = gpus_per_node * nodes
+    micro_lengths = epoch_micro_batch_lengths(lengths, ranks, settings)
+    accum = settings["ACCUM_STEPS"]
+    steps = len(micro_lengths) // accum
+    compute = sum(interpolate(measured["micro_batch_s"], n) for n in micro_lengths)
+    last = [interpolate(measured["micro_batch_s"], micro_lengths[s * accum + accum - 1]) for s in range(steps)]
+    exposed = sum(max(0.0, allreduce_s - BACKWARD_SHARE * t) for t in last) if ranks > 1 else 0.0
+    saves = 1 if not settings["SAVE_EVERY"] else 1 + steps // settings["SAVE_EVERY"]
+    epoch_s = compute + steps * measured["optimizer_s"] + exposed + saves * measured["save_s"]
+    epochs = settings["EPOCHS"] if not settings["MAX_STEPS"] else min(settings["EPOCHS"], settings["MAX_STEPS"] / steps)
+    total_s = epochs * epoch_s
+    return {
+        "gpus_per_node": gpus_per_node,
+        "nodes": nodes,
+        "steps_per_epoch": steps,
+        "epoch_s": epoch_s,
+        "step_s": epoch_s / max(steps, 1),
+        "allreduce_exposed_s": exposed,
+        "total_s": total_s,
+        "gpu_hours": total_s * ranks / 3600,
+    }
+
+
+def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
+    """Seconds per micro-batch at each quantile row's length, the optimizer step, one save; peak GiB per length."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import train_ddp as T
+    from collate import PadCollate
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(T.SEED)
+    peft_model = T.add_lora(T.load_model(device))
+    T.init_distributed(device)
+    model = DDP(
+        T.CausalLMLoss(peft_model),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
+    )
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=T.LR, fused=device.type == "cuda")
+    collate = PadCollate(tokenizer.pad_token_id, T.PAD_TO_MULTIPLE)
+    result = {"micro_batch_s": {}, "peak_gib": {}, "oom": []}
+    for name, row in quantile_rows.items():
+        batch = collate([row] * T.MICRO_BATCH)
+        length = batch["input_ids"].shape[1]
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            for i in range(warmup + steps):
+                if i == warmup:
+                    start = T.synchronized_clock(device)
+                T.forward_backward(model, [batch] * T.ACCUM_STEPS, device)
+                torch.nn.utils.clip_grad_norm_(params, T.GRAD_CLIP or math.inf)
+                optimizer.zero_grad(set_to_none=True)  # no update: the weights stay the same for every length
+        except torch.OutOfMemoryError:
+            result["oom"].append(f"{name} ({length} tokens)")
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            continue
+        result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * T.ACCUM_STEPS)
+        if device.type == "cuda":
+            result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
+    for p in params:  # the optimizer step alone, on real gradients
+        p.grad = torch.zeros_like(p)
+    start = T.synchronized_clock(device)
+    for _ in range(steps):
+        optimizer.step()
+    result["optimizer_s"] = (T.synchronized_clock(device) - start) / steps
+    with tempfile.TemporaryDirectory() as out:
+        T.OUTPUT_DIR = out
+        scheduler = T.lr_schedule(optimizer, 1)
+        start = time.perf_counter()
+        T.save_checkpoint(model, optimizer, scheduler, {"epoch": 0, "step": 1, "step_in_epoch": 1}, {})
+        result["save_s"] = time.perf_counter() - start
+    dist.destroy_process_group()
+    return result
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus-per-node", type=int, nargs="+", default=[1, 8], help="GPUs per node to predict for")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="node counts to predict for")
+    ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
+    ap.add_argument("--rows", type=int, default=5000, help="rows tokenized for the length distribution")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per length (allocator, kernel choice)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per length")
+    ap.add_argument("--json", default="", help="also write the report's numbers here")
+    args = ap.parse_args(argv)
+    import torch
+    from transformers import AutoTokenizer
+
+    import memory_budget
+    import train_ddp as T
+
+    T.rank_info()  # rank 0 of 1: the measurement runs on one device
+    T.check_settings()
+    T.plan_settings()
+    conversations = T.load_conversations(T.DATA_PATH)
+    tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
+    sample = conversations[:: max(1, len(conversations) // args.rows)]
+    rows = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS) for c in sample]
+    lengths = sorted(len(r["input_ids"]) for r in rows)
+    targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
+    by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
+    quantile_rows = {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
+    measured = measure(tokenizer, quantile_rows, args.warmup, args.steps)
+    if not measured["micro_batch_s"]:
+        raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # every row's length when all were tokenized; else the evenly spaced sample, repeated to the file's size
+    all_lengths = lengths * max(1, round(len(conversations) / len(lengths)))
+    settings = {
+        n: getattr(T, n)
+        for n in (
+            "SEED",
+            "MICRO_BATCH",
+            "ACCUM_STEPS",
+            "GROUP_BY_LENGTH",
+            "PAD_TO_MULTIPLE",
+            "SAVE_EVERY",
+            "EPOCHS",
+            "MAX_STEPS",
+        )
+    }
+    source = T.MODEL_CONFIG or T.MODEL_ID
+    shapes, config = memory_budget.param_shapes_from_path(source), memory_budget.load_config(source)
+    layout = memory_budget.Layout(T.MICRO_BATCH, T.GRADIENT_CHECKPOINTING, T.CHECKPOINT_OFFLOAD, T.CE_CHUNK_TOKENS)
+    predictions = []
+    for nodes in args.nodes:
+        for gpus in args.gpus_per_node:
+            allreduce = memory_budget.estimate(
+                shapes,
+                config,
+                layout,
+                seq_len=T.MAX_LEN,
+                world_size=gpus * nodes,
+                lora_r=T.LORA_R,
+                targets=T.LORA_TARGETS,
+                bus_bw_gbps=args.bus_bw_gbps,
+            )["allreduce_seconds"]
+            predictions.append(
+                predict(measured, all_lengths, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
+            )
+
+    machine = "times do NOT transfer to GPUs" if device == "cpu" else torch.cuda.get_device_name()
+    print(
+        f"time budget on {device} ({machine}) | {source} | {len(conversations):,} rows; lengths p10/p50/p90/max "
+        f"{'/'.join(str(quantile(lengths, q)) for q in QUANTILES.values())} tokens (MAX_LEN={T.MAX_LEN}); "
+        f"targets {100 * targets:.0f}% of tokens | micro-batch {T.MICRO_BATCH} x {T.ACCUM_STEPS} | "
+        f"ATTENTION_KERNEL={T.ATTENTION_KERNEL}"
+    )
+    print("measured, per micro-batch:\n| length | seconds | tokens/s per GPU | peak alloc GiB |\n|---|---|---|---|")
+    for length, seconds in sorted(measured["micro_batch_s"].items()):
+        peak = measured["peak_gib"].get(length)
+        peak = f"{peak:.1f}" if peak else "n/a"
+        print(f"| {length} | {seconds:.3f} | {T.MICRO_BATCH * length / seconds:,.0f} | {peak} |")
+    for name in measured["oom"]:
+        print(f"| {name} | out of memory: such batches would stop the run; lower MAX_LEN or MEMORY_TARGET_GIB |")
+    print(f"optimizer step {measured['optimizer_s']:.3f} s, checkpoint save {measured['save_s']:.2f} s (measured)")
+    print(f"modelled, {settings['EPOCHS']} epoch(s):")
+    print("| nodes x GPUs | steps/epoch | step s | exposed all-reduce s/epoch | epoch | to completion | GPU-hours |")
+    print("|---|---|---|---|---|---|---|")
+    for p in predictions:
+        print(
+            f"| {p['nodes']} x {p['gpus_per_node']} | {p['steps_per_epoch']} | {p['step_s']:.2f} | "
+            f"{p['allreduce_exposed_s']:.1f} | {p['epoch_s'] / 60:.1f} min | {p['total_s'] / 3600:.2f} h | "
+            f"{p['gpu_hours']:.2f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"measured": measured, "predictions": predictions, "lengths": lengths, "target_fraction": targets},
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
