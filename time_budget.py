@@ -51,40 +51,51 @@ def interpolate(points: dict[int, float], length: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (length - lo) / (hi - lo)
 
 
-def epoch_micro_batch_lengths(lengths: list[int], ranks: int, settings: dict) -> list[int]:
-    """Padded length of each micro-batch one rank runs in one epoch, cut as train_ddp.train_loader cuts it."""
+def epoch_micro_batches(tokens: list[int], group_keys: list[int], rank: int, ranks: int, settings: dict) -> list[int]:
+    """Padded length of each micro-batch `rank` runs in one epoch, cut as train_ddp.train_loader cuts it:
+    its DistributedSampler shard, sorted within each optimizer step by `group_keys` (the trainer's
+    ChatDataset.lengths, characters) when GROUP_BY_LENGTH, a partial accumulation window dropped."""
     import torch.utils.data as data
 
     import train_ddp as T
 
     sampler = data.DistributedSampler(
-        range(len(lengths)), num_replicas=ranks, rank=0, shuffle=True, seed=settings["SEED"], drop_last=True
+        range(len(tokens)), num_replicas=ranks, rank=rank, shuffle=True, seed=settings["SEED"], drop_last=True
     )
-    window = settings["MICRO_BATCH"] * settings["ACCUM_STEPS"]
-    order = list(T.StepOrder(sampler, 0, lengths if settings["GROUP_BY_LENGTH"] else None, window))
-    steps = len(order) // window  # a partial accumulation window is dropped
-    order = order[: steps * window]
-    micro = settings["MICRO_BATCH"]
+    micro, window = settings["MICRO_BATCH"], settings["MICRO_BATCH"] * settings["ACCUM_STEPS"]
+    order = list(T.StepOrder(sampler, 0, group_keys if settings["GROUP_BY_LENGTH"] else None, window))
+    order = order[: len(order) // window * window]
     return [
-        padded(max(lengths[i] for i in order[s : s + micro]), settings["PAD_TO_MULTIPLE"])
+        padded(max(tokens[i] for i in order[s : s + micro]), settings["PAD_TO_MULTIPLE"])
         for s in range(0, len(order), micro)
     ]
 
 
 def predict(
-    measured: dict, lengths: list[int], settings: dict, gpus_per_node: int, nodes: int, allreduce_s: float
+    measured: dict,
+    tokens: list[int],
+    group_keys: list[int],
+    settings: dict,
+    gpus_per_node: int,
+    nodes: int,
+    allreduce_s: float,
 ) -> dict:
     """Time per epoch and to completion for `nodes` x `gpus_per_node` ranks, from the measured seconds per
-    micro-batch by length, the optimizer step and the checkpoint save."""
+    micro-batch by length, the optimizer step and the checkpoint save. Every rank runs its own lengths and
+    the all-reduce at the end of each step waits for the slowest: a step takes its slowest rank's time."""
     ranks = gpus_per_node * nodes
-    micro_lengths = epoch_micro_batch_lengths(lengths, ranks, settings)
     accum = settings["ACCUM_STEPS"]
-    steps = len(micro_lengths) // accum
-    compute = sum(interpolate(measured["micro_batch_s"], n) for n in micro_lengths)
-    last = [interpolate(measured["micro_batch_s"], micro_lengths[s * accum + accum - 1]) for s in range(steps)]
+    per_rank = [
+        [interpolate(measured["micro_batch_s"], n) for n in epoch_micro_batches(tokens, group_keys, r, ranks, settings)]
+        for r in range(ranks)
+    ]
+    steps = len(per_rank[0]) // accum
+    step_s = [max(sum(times[s * accum : (s + 1) * accum]) for times in per_rank) for s in range(steps)]
+    # DDP overlaps the all-reduce with the last micro-batch's backward; what sticks out is exposed
+    last = [min(times[(s + 1) * accum - 1] for times in per_rank) for s in range(steps)]
     exposed = sum(max(0.0, allreduce_s - BACKWARD_SHARE * t) for t in last) if ranks > 1 else 0.0
     saves = 1 if not settings["SAVE_EVERY"] else 1 + steps // settings["SAVE_EVERY"]
-    epoch_s = compute + steps * measured["optimizer_s"] + exposed + saves * measured["save_s"]
+    epoch_s = sum(step_s) + steps * measured["optimizer_s"] + exposed + saves * measured["save_s"]
     epochs = settings["EPOCHS"] if not settings["MAX_STEPS"] else min(settings["EPOCHS"], settings["MAX_STEPS"] / steps)
     total_s = epochs * epoch_s
     return {
@@ -93,6 +104,7 @@ def predict(
         "steps_per_epoch": steps,
         "epoch_s": epoch_s,
         "step_s": epoch_s / max(steps, 1),
+        "straggler_s": sum(step_s) - sum(map(sum, per_rank)) / ranks,  # waiting for the slowest rank, per epoch
         "allreduce_exposed_s": exposed,
         "total_s": total_s,
         "gpu_hours": total_s * ranks / 3600,
@@ -181,9 +193,12 @@ def main(argv=None) -> None:
     T.plan_settings()
     conversations = T.load_conversations(T.DATA_PATH)
     tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
-    sample = conversations[:: max(1, len(conversations) // args.rows)]
+    stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
+    sample = conversations[::stride]
     rows = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS) for c in sample]
-    lengths = sorted(len(r["input_ids"]) for r in rows)
+    tokens = [len(r["input_ids"]) for r in rows]
+    group_keys = T.ChatDataset(sample, tokenizer, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS).lengths
+    lengths = sorted(tokens)
     targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
     by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
     quantile_rows = {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
@@ -192,8 +207,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # every row's length when all were tokenized; else the evenly spaced sample, repeated to the file's size
-    all_lengths = lengths * max(1, round(len(conversations) / len(lengths)))
+    tokens, group_keys = tokens * stride, group_keys * stride  # a sample stands for the whole file
     settings = {
         n: getattr(T, n)
         for n in (
@@ -224,7 +238,7 @@ def main(argv=None) -> None:
                 bus_bw_gbps=args.bus_bw_gbps,
             )["allreduce_seconds"]
             predictions.append(
-                predict(measured, all_lengths, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
+                predict(measured, tokens, group_keys, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
             )
 
     machine = "times do NOT transfer to GPUs" if device == "cpu" else torch.cuda.get_device_name()
@@ -243,21 +257,20 @@ def main(argv=None) -> None:
         print(f"| {name} | out of memory: such batches would stop the run; lower MAX_LEN or MEMORY_TARGET_GIB |")
     print(f"optimizer step {measured['optimizer_s']:.3f} s, checkpoint save {measured['save_s']:.2f} s (measured)")
     print(f"modelled, {settings['EPOCHS']} epoch(s):")
-    print("| nodes x GPUs | steps/epoch | step s | exposed all-reduce s/epoch | epoch | to completion | GPU-hours |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| nodes x GPUs | steps/epoch | step s | waiting for the slowest rank | exposed all-reduce | epoch | "
+        "to completion | GPU-hours |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for p in predictions:
         print(
             f"| {p['nodes']} x {p['gpus_per_node']} | {p['steps_per_epoch']} | {p['step_s']:.2f} | "
-            f"{p['allreduce_exposed_s']:.1f} | {p['epoch_s'] / 60:.1f} min | {p['total_s'] / 3600:.2f} h | "
-            f"{p['gpu_hours']:.2f} |"
+            f"{p['straggler_s']:.1f} s | {p['allreduce_exposed_s']:.1f} s | {p['epoch_s'] / 60:.1f} min | "
+            f"{p['total_s'] / 3600:.2f} h | {p['gpu_hours']:.2f} |"
         )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"measured": measured, "predictions": predictions, "lengths": lengths, "target_fraction": targets},
-                indent=1,
-            )
-        )
+        report = {"measured": measured, "predictions": predictions, "tokens": tokens, "target_fraction": targets}
+        Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""time_budget.py: the arithmetic, the epoch cut as the trainer cuts it, and one run on the tiny model (CPU)."""
+
+import json
+
+import pytest
+import torch
+from conftest import free_port
+
+import time_budget as TB
+import train_ddp as T
+from collate import PadCollate
+
+SETTINGS = {
+    "SEED": 7,
+    "MICRO_BATCH": 2,
+    "ACCUM_STEPS": 3,
+    "GROUP_BY_LENGTH": True,
+    "PAD_TO_MULTIPLE": 64,
+    "SAVE_EVERY": 0,
+    "EPOCHS": 2,
+    "MAX_STEPS": 0,
+}
+
+
+def test_nearest_rank_quantiles():
+    values = list(range(1, 11))
+    assert [TB.quantile(values, q) for q in (0.1, 0.5, 0.9, 1.0)] == [1, 5, 9, 10]
+
+
+def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
+    points = {128: 1.0, 512: 2.0, 2048: 6.0}
+    assert TB.interpolate(points, 320) == pytest.approx(1.5)
+    assert TB.interpolate(points, 1280) == pytest.approx(4.0)
+    assert TB.interpolate(points, 64) == pytest.approx(1.0 - 64 / 384)  # the first segment, extended
+    assert TB.interpolate(points, 4096) == pytest.approx(6.0 + 4 * 2048 / 1536)
+
+
+@pytest.mark.parametrize("group_by_length", [True, False])
+def test_the_epoch_is_cut_into_the_micro_batches_the_trainer_runs(monkeypatch, group_by_length):
+    """Padded widths of every micro-batch of both ranks of 2, against train_ddp.train_loader itself."""
+    gen = torch.Generator().manual_seed(0)
+    tokens = [int(n) for n in torch.randint(20, 700, (53,), generator=gen)]
+    keys = [3 * n + 1 for n in tokens]  # the trainer groups by characters; any order-preserving key here
+    settings = {**SETTINGS, "GROUP_BY_LENGTH": group_by_length}
+    for name in ("SEED", "MICRO_BATCH", "ACCUM_STEPS"):
+        monkeypatch.setattr(T, name, settings[name])
+    monkeypatch.setattr(T, "NUM_WORKERS", 0)
+    dataset = [{"input_ids": [1] * n, "labels": [1] * n} for n in tokens]
+    for rank in (0, 1):
+        loader = T.train_loader(dataset, rank, 2, 0, 0, PadCollate(0, 64), keys if group_by_length else None)
+        widths = [b["input_ids"].shape[1] for b in loader]
+        widths = widths[: len(widths) // 3 * 3]  # the trainer stops at the last full accumulation window
+        assert TB.epoch_micro_batches(tokens, keys, rank, 2, settings) == widths
+
+
+def test_epoch_time_adds_micro_batches_the_slowest_rank_the_optimizer_and_the_saves():
+    measured = {"micro_batch_s": {64: 0.5, 128: 1.0}, "optimizer_s": 0.1, "save_s": 3.0}
+    tokens = [64] * 24
+    one = TB.predict(measured, tokens, tokens, SETTINGS, 1, 1, 0.0)
+    assert one["steps_per_epoch"] == 4  # 24 rows / (2 x 3) per step
+    assert one["epoch_s"] == pytest.approx(4 * (3 * 0.5 + 0.1) + 3.0)  # SAVE_EVERY=0: one save per epoch
+    assert one["total_s"] == pytest.approx(2 * one["epoch_s"]) and one["gpu_hours"] == pytest.approx(
+        one["total_s"] / 3600
+    )
+    # two ranks, one of them with the long rows: every step waits for it, and both GPUs are paid for
+    mixed = [64 if i % 2 else 128 for i in range(24)]
+    two = TB.predict(measured, mixed, mixed, {**SETTINGS, "GROUP_BY_LENGTH": False}, 2, 1, 0.0)
+    assert two["steps_per_epoch"] == 2 and two["straggler_s"] > 0
+    assert two["gpu_hours"] == pytest.approx(2 * two["total_s"] / 3600)
+    assert TB.predict(measured, tokens, tokens, {**SETTINGS, "MAX_STEPS": 2}, 1, 1, 0.0)["total_s"] == pytest.approx(
+        one["epoch_s"] / 2
+    )  # MAX_STEPS=2 of 4 steps: half an epoch
+
+
+def test_an_allreduce_longer_than_the_last_backward_is_exposed():
+    measured = {"micro_batch_s": {64: 0.3}, "optimizer_s": 0.0, "save_s": 0.0}
+    tokens = [64] * 24
+    hidden = TB.predict(measured, tokens, tokens, SETTINGS, 2, 1, allreduce_s=0.1)
+    exposed = TB.predict(measured, tokens, tokens, SETTINGS, 2, 1, allreduce_s=0.5)
+    assert hidden["allreduce_exposed_s"] == 0
+    assert exposed["allreduce_exposed_s"] == pytest.approx(2 * (0.5 - TB.BACKWARD_SHARE * 0.3))
+
+
+def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, monkeypatch, capsys):
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
+        monkeypatch.setenv(name, value)  # a process group of one, gone after the test
+    for name in ("OUTPUT_DIR", "ATTENTION_KERNEL"):  # the tool sets both; later tests see them as they were
+        monkeypatch.setattr(T, name, getattr(T, name))
+    report = tmp_path / "report.json"
+    TB.main(["--gpus-per-node", "1", "2", "--warmup", "1", "--steps", "1", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert "times do NOT transfer to GPUs" in out and "| 1 x 2 |" in out
+    result = json.loads(report.read_text())
+    lengths = sorted(result["tokens"])
+    expected = {TB.padded(TB.quantile(lengths, q), T.PAD_TO_MULTIPLE) for q in TB.QUANTILES.values()}
+    assert {int(n) for n in result["measured"]["micro_batch_s"]} == expected
+    one, two = result["predictions"]
+    assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1)
+    assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2)
