@@ -463,13 +463,25 @@ def check_model_source() -> None:
         return
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", MODEL_ID) or MODEL_ID.startswith("."):
         raise InputError(f"MODEL_ID {MODEL_ID!r}: no such folder (a hub id looks like google/gemma-4-12B-it)")
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
 
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(MODEL_ID, "config.json"), str):
+    if isinstance(try_to_load_from_cache(MODEL_ID, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
         raise InputError(
             f"MODEL_ID {MODEL_ID!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
             f"it first (huggingface-cli download {MODEL_ID}) or point MODEL_ID to a local folder"
         )
+    try:  # one quick question to the hub, instead of transformers' retries on an unreachable one
+        HfApi().model_info(MODEL_ID, timeout=10)
+    except RepositoryNotFoundError:
+        raise InputError(f"MODEL_ID {MODEL_ID!r}: no such folder here, and no such model on the hub") from None
+    except Exception as e:  # network errors: httpx's, requests', OSError
+        raise InputError(
+            f"MODEL_ID {MODEL_ID!r}: no such folder here, and the hub did not answer ({type(e).__name__}: {e}); "
+            f"check the path, or the network (HF_HUB_OFFLINE=1 uses a cached copy)"
+        ) from None
 
 
 def check_writable(directory: str) -> None:

@@ -264,6 +264,11 @@ BAD_INPUTS = {
         {"MODEL_ID": "google/gemma-4-12B-it", "HF_HUB_OFFLINE": "1", "HF_HOME": "/nonexistent-hf-home"},
         r"MODEL_ID 'google/gemma-4-12B-it': not in the local hub cache, and HF_HUB_OFFLINE is set",
     ),
+    "relative-path-online": (  # looks like a hub id: one quick question to the hub, not a minute of retries
+        lambda d: SAMPLE_DATA,
+        {"MODEL_ID": "models/missing-gemma", "HF_HUB_OFFLINE": "0", "HF_HOME": "/nonexistent-hf-home"},
+        r"MODEL_ID 'models/missing-gemma': no such folder here, and (no such model on the hub|the hub did not answer)",
+    ),
     "json-array": (
         lambda d: (d / "x.json").write_text(json.dumps([json.loads(r) for r in sample_rows(4)])) and d / "x.json",
         {},
