@@ -91,7 +91,7 @@ def attention(
     **kwargs,
 ):
     """transformers' attention interface: (module, q, k, v, mask, **kwargs) -> (output [B, L, H, D], None)."""
-    if not right_padded or sliding_window is not None or dropout > 0:
+    if not right_padded or sliding_window is not None or dropout > 0 or not getattr(module, "is_causal", True):
         return sdpa_attention_forward(
             module,
             query,

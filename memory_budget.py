@@ -417,6 +417,8 @@ def estimate(
 
     With TP every rank is taken to hold 1/tp of each weight and of the attention/MLP activations, while
     hidden-size activations and the gathered logits stay whole (no sequence parallelism)."""
+    if attention not in ("ffpa", "sdpa", "masked"):
+        raise ValueError(f"attention {attention!r}: one of ffpa, sdpa, masked")
     text_config = text_config.get("text_config") or text_config
     if world_size % tp:
         raise ValueError(f"world size {world_size} is not a multiple of the tensor-parallel degree {tp}")

@@ -8,11 +8,14 @@ ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
             evenly), the target fraction; train_ddp's forward_backward + clip + AdamW step on micro-batches
             of real rows at the short, typical and long quantiles of that length distribution (warm-up
             steps first), the peak memory of each; one checkpoint save.
-  modelled  the time of every other micro-batch length (linear between the measured lengths: attention
-            makes it convex, so interpolation errs slightly high); the epoch as the trainer cuts it
-            (DistributedSampler + length grouping, one rank's share); the gradient all-reduce from
-            memory_budget.py at --bus-bw-gbps, of which DDP hides what the last micro-batch's backward
-            (taken as 2/3 of its time) covers.
+  modelled  the time of every other micro-batch length (linear between the measured lengths, where attention
+            makes it convex, so it errs slightly high; below the shortest, that one's time); the epoch as
+            the trainer cuts it (DistributedSampler + length grouping), every rank's own micro-batches, a step
+            taking its slowest rank's time; the gradient all-reduce from memory_budget.py at --bus-bw-gbps,
+            of which DDP hides what the slowest rank's last backward (2/3 of its micro-batch) covers; the
+            checkpoints the trainer writes (SAVE_EVERY, epoch ends).
+  not modelled: the first step (allocator growth, kernel planning for each new length), evaluation
+            (EVAL_PATH), the drift check, waiting for data, saving to slow shared storage.
 On the CPU this runs whatever model MODEL_ID names (the tiny default): its times do not transfer to GPUs.
 """
 
@@ -21,6 +24,7 @@ import json
 import math
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 QUANTILES = {"short": 0.1, "typical": 0.5, "long": 0.9, "longest": 1.0}
@@ -37,17 +41,14 @@ def padded(length: int, multiple: int) -> int:
 
 
 def interpolate(points: dict[int, float], length: int) -> float:
-    """Seconds at `length` from measured {length: seconds}: linear between neighbours, linear beyond the ends."""
+    """Seconds at `length` from measured {length: seconds}: linear between neighbours and beyond the longest,
+    the shortest's time below it (a shorter batch is not faster than the fixed costs)."""
     xs = sorted(points)
+    if length <= xs[0]:
+        return points[xs[0]]
     if len(xs) == 1:
         return points[xs[0]] * length / xs[0]
-    lo, hi = (
-        (xs[0], xs[1])
-        if length <= xs[0]
-        else (xs[-2], xs[-1])
-        if length >= xs[-1]
-        else next((a, b) for a, b in zip(xs, xs[1:], strict=False) if a <= length <= b)
-    )
+    lo, hi = (xs[-2], xs[-1]) if length >= xs[-1] else next((a, b) for a, b in pairwise(xs) if a <= length <= b)
     return points[lo] + (points[hi] - points[lo]) * (length - lo) / (hi - lo)
 
 
@@ -90,12 +91,18 @@ def predict(
         for r in range(ranks)
     ]
     steps = len(per_rank[0]) // accum
+    if steps == 0:
+        raise ValueError(
+            f"{len(tokens)} rows make no optimizer step of {ranks} ranks x {settings['MICRO_BATCH']} x {accum}"
+        )
     step_s = [max(sum(times[s * accum : (s + 1) * accum]) for times in per_rank) for s in range(steps)]
-    # DDP overlaps the all-reduce with the last micro-batch's backward; what sticks out is exposed
-    last = [min(times[(s + 1) * accum - 1] for times in per_rank) for s in range(steps)]
+    # DDP overlaps the all-reduce with the slowest rank's last backward; what sticks out is exposed
+    last = [max(times[(s + 1) * accum - 1] for times in per_rank) for s in range(steps)]
     exposed = sum(max(0.0, allreduce_s - BACKWARD_SHARE * t) for t in last) if ranks > 1 else 0.0
-    saves = 1 if not settings["SAVE_EVERY"] else 1 + steps // settings["SAVE_EVERY"]
-    epoch_s = sum(step_s) + steps * measured["optimizer_s"] + exposed + saves * measured["save_s"]
+    every = settings["SAVE_EVERY"]
+    saves = 1 + (sum(1 for s in range(1, steps) if s % every == 0) if every else 0)  # SAVE_EVERY, and the epoch end
+    train_s = sum(step_s) + steps * measured["optimizer_s"] + exposed
+    epoch_s = train_s + saves * measured["save_s"]
     epochs = settings["EPOCHS"] if not settings["MAX_STEPS"] else min(settings["EPOCHS"], settings["MAX_STEPS"] / steps)
     total_s = epochs * epoch_s
     return {
@@ -103,7 +110,7 @@ def predict(
         "nodes": nodes,
         "steps_per_epoch": steps,
         "epoch_s": epoch_s,
-        "step_s": epoch_s / max(steps, 1),
+        "step_s": train_s / steps,  # as the trainer's step_time_s: no checkpoint
         "straggler_s": sum(step_s) - sum(map(sum, per_rank)) / ranks,  # waiting for the slowest rank, per epoch
         "allreduce_exposed_s": exposed,
         "total_s": total_s,
@@ -135,10 +142,21 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=T.LR, fused=device.type == "cuda")
     collate = PadCollate(tokenizer.pad_token_id, T.PAD_TO_MULTIPLE)
-    result = {"micro_batch_s": {}, "peak_gib": {}, "oom": []}
+    for p in params:  # the optimizer step alone (its state first, so that each length's peak includes it)
+        p.grad = torch.zeros_like(p)  # zero gradients, no weight decay: the weights do not move
+    optimizer.step()
+    start = T.synchronized_clock(device)
+    for _ in range(steps):
+        optimizer.step()
+    optimizer_s = (T.synchronized_clock(device) - start) / steps
+    optimizer.zero_grad(set_to_none=True)
+    result = {"micro_batch_s": {}, "peak_gib": {}, "oom": [], "optimizer_s": optimizer_s}
     for name, row in quantile_rows.items():
         batch = collate([row] * T.MICRO_BATCH)
         length = batch["input_ids"].shape[1]
+        if result["oom"]:  # lengths ascend: a longer one fails too (and DDP's reducer is left mid-step)
+            result["oom"].append(f"{name} ({length} tokens)")
+            continue
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         try:
@@ -150,18 +168,11 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
                 optimizer.zero_grad(set_to_none=True)  # no update: the weights stay the same for every length
         except torch.OutOfMemoryError:
             result["oom"].append(f"{name} ({length} tokens)")
-            optimizer.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
             continue
         result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * T.ACCUM_STEPS)
         if device.type == "cuda":
             result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
-    for p in params:  # the optimizer step alone, on real gradients
-        p.grad = torch.zeros_like(p)
-    start = T.synchronized_clock(device)
-    for _ in range(steps):
-        optimizer.step()
-    result["optimizer_s"] = (T.synchronized_clock(device) - start) / steps
+    optimizer.zero_grad(set_to_none=True)
     with tempfile.TemporaryDirectory() as out:
         T.OUTPUT_DIR = out
         scheduler = T.lr_schedule(optimizer, 1)
@@ -182,6 +193,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per length")
     ap.add_argument("--json", default="", help="also write the report's numbers here")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
     import torch
     from transformers import AutoTokenizer
 
@@ -207,7 +220,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokens, group_keys = tokens * stride, group_keys * stride  # a sample stands for the whole file
+    n = len(conversations)  # a sample stands for the whole file
+    tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
     settings = {
         n: getattr(T, n)
         for n in (
@@ -223,7 +237,7 @@ def main(argv=None) -> None:
     }
     source = T.MODEL_CONFIG or T.MODEL_ID
     shapes, config = memory_budget.param_shapes_from_path(source), memory_budget.load_config(source)
-    layout = memory_budget.Layout(T.MICRO_BATCH, T.GRADIENT_CHECKPOINTING, T.CHECKPOINT_OFFLOAD, T.CE_CHUNK_TOKENS)
+    layout = T.current_layout()
     predictions = []
     for nodes in args.nodes:
         for gpus in args.gpus_per_node:
@@ -237,9 +251,12 @@ def main(argv=None) -> None:
                 targets=T.LORA_TARGETS,
                 bus_bw_gbps=args.bus_bw_gbps,
             )["allreduce_seconds"]
-            predictions.append(
-                predict(measured, tokens, group_keys, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
-            )
+            try:
+                predictions.append(
+                    predict(measured, tokens, group_keys, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
+                )
+            except ValueError as e:
+                raise SystemExit(f"{T.DATA_PATH}: {e}") from None
 
     machine = "times do NOT transfer to GPUs" if device == "cpu" else torch.cuda.get_device_name()
     print(

@@ -1041,21 +1041,22 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
     return trainer_state["progress"]
 
 
+def current_layout():
+    """The memory layout these constants describe, as memory_budget.py names it."""
+    import memory_budget
+
+    return memory_budget.Layout(MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS)
+
+
 def predicted_peak_gib(peft_model, seq_len: int) -> float:
     """memory_budget.py's prediction of torch.cuda.max_memory_allocated() for this run's settings."""
     import memory_budget
 
     base = peft_model.get_base_model()
-    layout = memory_budget.Layout(
-        micro_batch=MICRO_BATCH,
-        ckpt_every=GRADIENT_CHECKPOINTING,
-        offload=CHECKPOINT_OFFLOAD,
-        ce_chunk_tokens=CE_CHUNK_TOKENS,
-    )
     result = memory_budget.estimate(
         memory_budget.param_shapes_from_model(base),
         base.config.to_dict(),
-        layout,
+        current_layout(),
         seq_len=seq_len,
         world_size=dist.get_world_size(),
         lora_r=LORA_R,
@@ -1144,10 +1145,10 @@ def main() -> None:
 
     for warning in check_settings():
         rank0_print(warning)
-    plan_settings()
     check_model_source()
     check_writable(OUTPUT_DIR)
     lock = acquire_output_lock() if rank == 0 else None  # one job per OUTPUT_DIR
+    plan_settings()
     conversations = load_conversations(DATA_PATH)
     eval_conversations = load_conversations(EVAL_PATH) if EVAL_PATH else None
     n_steps_epoch = steps_per_epoch(len(conversations), world)
@@ -1185,7 +1186,7 @@ def main() -> None:
         if (resume_from := check_same_checkpoint(resume_from)) is not None:
             progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
             say(f"resumed from {resume_from} at step {progress['step']}")
-            if already_complete(progress, total_steps):
+            if already_complete(progress, total_steps, device):
                 return
         _step.update(current=progress["step"], completed=progress["step"])
         first_step = progress["step"] + 1
@@ -1283,9 +1284,10 @@ def main() -> None:
 @contextmanager
 def failures_reported(rank: int, world: int, lock):
     """Around everything after the process group exists: a HangWatchdog for stuck collectives; an InputError
-    (raised identically on every rank) shuts down cleanly; any other failure (a timed-out collective, a dead
-    peer, a guard) is reported with where this rank was, and the rank leaves without destroy_process_group(),
-    which can block after a failed collective."""
+    shuts the rank down cleanly (where it is raised on one rank only, e.g. a chat template that is not
+    prefix-stable for one row, the peers' next collective times out with a report); any other failure (a
+    timed-out collective, a dead peer, a guard) is reported with where this rank was, and the rank leaves
+    without destroy_process_group(), which can block after a failed collective."""
     watchdog = HangWatchdog(rank, world)
     watchdog.start()
     try:
@@ -1308,7 +1310,8 @@ def failures_reported(rank: int, world: int, lock):
         if lock:
             lock.release()
         os._exit(1)
-    watchdog.stop()
+    finally:
+        watchdog.stop()  # also on KeyboardInterrupt and SystemExit
     dist.destroy_process_group()
 
 
@@ -1319,9 +1322,18 @@ def synchronized_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def already_complete(progress: dict, total_steps: int) -> bool:
+def already_complete(progress: dict, total_steps: int, device: torch.device) -> bool:
+    """Whether the resumed run has nothing left to do, decided from every rank's view of OUTPUT_DIR at once
+    (a rank that returned alone would leave its peers waiting in DDP's first broadcast)."""
     adapter = Path(OUTPUT_DIR) / "adapter"
-    if progress["step"] < total_steps or not adapter.is_dir() or run_record.damage(adapter) is not None:
+    mine = progress["step"] >= total_steps and adapter.is_dir() and run_record.damage(adapter) is None
+    (votes,) = all_reduce_sum([float(mine)], device)
+    if 0 < votes < dist.get_world_size():
+        raise RuntimeError(
+            f"ranks disagree whether {adapter} is complete ({votes:.0f} of {dist.get_world_size()} "
+            f"see it intact): OUTPUT_DIR must be one shared folder, seen the same by every node"
+        )
+    if not votes:
         return False
     say(
         f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train. To train "
@@ -1354,7 +1366,7 @@ class StepLog:
         self.bar.update(1)
         self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
         check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
-        if not ((LOG_EVERY and step % LOG_EVERY == 0) or step == self.total_steps or check_memory):
+        if not self.rank0 or not ((LOG_EVERY and step % LOG_EVERY == 0) or step == self.total_steps or check_memory):
             return
         n_targets, n_tokens, n_padded = counts
         record = {
@@ -1376,11 +1388,13 @@ class StepLog:
             record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
             record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
             if check_memory:
-                record["predicted_peak_gib"] = predicted_peak_gib(self.peft_model, self.longest)
-        if self.rank0:
-            log_metrics(record)
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+                try:  # a diagnostic: it never stops the training
+                    record["predicted_peak_gib"] = predicted_peak_gib(self.peft_model, self.longest)
+                except Exception as e:
+                    say(f"warning: no memory prediction ({type(e).__name__}: {e})")
+        log_metrics(record)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
 
     def eval(self, step: int, result: dict, final: bool = False) -> None:
         if self.rank0:

@@ -26,6 +26,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
+if KIND not in ("nan", "drift", "die", "hang", "save"):
+    raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
 def fires() -> bool:

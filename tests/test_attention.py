@@ -93,6 +93,22 @@ def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_ma
         assert float((a - b).norm()) <= 1e-5 * float(b.norm())
 
 
+@pytest.mark.parametrize("case", ["sliding layer", "attention dropout", "not right-padded"])
+def test_everything_else_keeps_transformers_masked_sdpa(monkeypatch, case):
+    """Only a global, causal, dropout-free layer of a right-padded batch drops its mask."""
+    calls = []
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append((a[4], k)) or (None, None))
+    q = torch.zeros(1, 4, 8, 16)
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    kwargs = {
+        "sliding layer": {"sliding_window": 4, "right_padded": True},
+        "attention dropout": {"dropout": 0.1, "right_padded": True},
+        "not right-padded": {"right_padded": False},
+    }[case]
+    attention.attention(torch.nn.Module(), q, q, q, mask, kernel="ffpa", **kwargs)
+    assert calls and calls[0][0] is mask  # SDPA got the mask; FFPA (not importable here) was never called
+
+
 def test_left_padded_rows_keep_the_mask_which_they_need(tokenizer, tiny_model, global_layer_masks):
     batch = left_padded(right_padded_batch(tokenizer, [300, 170, 60]))
     inputs = T.on_device(batch, torch.device("cpu"))

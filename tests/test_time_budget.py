@@ -31,7 +31,7 @@ def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
     points = {128: 1.0, 512: 2.0, 2048: 6.0}
     assert TB.interpolate(points, 320) == pytest.approx(1.5)
     assert TB.interpolate(points, 1280) == pytest.approx(4.0)
-    assert TB.interpolate(points, 64) == pytest.approx(1.0 - 64 / 384)  # the first segment, extended
+    assert TB.interpolate(points, 64) == 1.0  # never below the shortest measured: fixed costs remain
     assert TB.interpolate(points, 4096) == pytest.approx(6.0 + 4 * 2048 / 1536)
 
 
@@ -72,6 +72,18 @@ def test_epoch_time_adds_micro_batches_the_slowest_rank_the_optimizer_and_the_sa
     )  # MAX_STEPS=2 of 4 steps: half an epoch
 
 
+def test_checkpoints_are_counted_as_the_trainer_writes_them():
+    measured = {"micro_batch_s": {64: 0.0}, "optimizer_s": 0.0, "save_s": 1.0}
+    tokens = [64] * 24  # 4 steps per epoch
+    saves = {
+        every: TB.predict(measured, tokens, tokens, {**SETTINGS, "SAVE_EVERY": every}, 1, 1, 0.0)["epoch_s"]
+        for every in (0, 1, 2, 3, 4)
+    }
+    assert saves == {0: 1.0, 1: 4.0, 2: 2.0, 3: 2.0, 4: 1.0}  # steps 1..3 by SAVE_EVERY, and the epoch end
+    with pytest.raises(ValueError, match="make no optimizer step"):
+        TB.predict(measured, tokens[:5], tokens[:5], SETTINGS, 1, 1, 0.0)
+
+
 def test_an_allreduce_longer_than_the_last_backward_is_exposed():
     measured = {"micro_batch_s": {64: 0.3}, "optimizer_s": 0.0, "save_s": 0.0}
     tokens = [64] * 24
@@ -92,6 +104,7 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, mo
         monkeypatch.setenv(name, value)  # a process group of one, gone after the test
     for name in ("OUTPUT_DIR", "ATTENTION_KERNEL"):  # the tool sets both; later tests see them as they were
         monkeypatch.setattr(T, name, getattr(T, name))
+    monkeypatch.setitem(T.SOURCES, "ATTENTION_KERNEL", T.SOURCES["ATTENTION_KERNEL"])
     report = tmp_path / "report.json"
     TB.main(["--gpus-per-node", "1", "2", "--warmup", "1", "--steps", "1", "--json", str(report)])
     out = capsys.readouterr().out
