@@ -122,7 +122,6 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
     """Seconds per micro-batch at each quantile row's length, the optimizer step, one save; peak GiB per length."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import train_ddp as T
     from collate import PadCollate
@@ -133,12 +132,7 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
     torch.manual_seed(T.SEED)
     peft_model = T.add_lora(T.load_model(device))
     T.init_distributed(device)
-    model = DDP(
-        T.CausalLMLoss(peft_model),
-        device_ids=[device.index] if device.type == "cuda" else None,
-        gradient_as_bucket_view=True,
-        broadcast_buffers=False,
-    )
+    model = T.wrap_ddp(peft_model, device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=T.LR, fused=device.type == "cuda")
     collate = PadCollate(tokenizer.pad_token_id, T.PAD_TO_MULTIPLE)

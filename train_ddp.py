@@ -236,8 +236,7 @@ def apply_memory_target() -> None:
             ["MICRO_BATCH", "ACCUM_STEPS", "GRADIENT_CHECKPOINTING", "CHECKPOINT_OFFLOAD", "CE_CHUNK_TOKENS"], "planner"
         )
     )
-    if int(os.environ["RANK"]) == 0:
-        print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB", flush=True)
+    rank0_print(f"MEMORY_TARGET_GIB={MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / 2**30:.1f} GiB")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -790,6 +789,17 @@ class CausalLMLoss(torch.nn.Module):
         return loss, n_targets
 
 
+def wrap_ddp(peft_model, device: torch.device) -> DDP:
+    """DDP around CausalLMLoss. broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are
+    constants, identical on every rank; re-broadcasting them every step would be a collective for nothing."""
+    return DDP(
+        CausalLMLoss(peft_model),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
+    )
+
+
 def trainable_state(model) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
@@ -1191,14 +1201,8 @@ def main() -> None:
         _step.update(current=progress["step"], completed=progress["step"])
         first_step = progress["step"] + 1
 
-        # 5. DDP. broadcast_buffers=False: Gemma's buffers (embedding scale, rotary tables) are constants,
-        #    identical on every rank; re-broadcasting them every step would be a collective for nothing.
-        model = DDP(
-            CausalLMLoss(peft_model),
-            device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-            broadcast_buffers=False,
-        )
+        # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
+        model = wrap_ddp(peft_model, device)
         collate = PadCollate(tokenizer.pad_token_id, PAD_TO_MULTIPLE)
         dataset = ChatDataset(conversations, tokenizer, MAX_LEN, ASSISTANT_ONLY_LOSS)
         eval_set = (
