@@ -165,10 +165,13 @@ class OutputLock:
         while not self.released.wait(self.REFRESH_S):
             try:
                 os.utime(self.path)
-            except FileNotFoundError:
+            except OSError:  # gone, or the folder is read-only now
                 return
 
     def release(self) -> None:
         self.released.set()
         if self.holder() == self.me:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # read-only now: the lock stays, and the next job takes it over (its pid is gone)
+                pass

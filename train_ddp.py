@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -34,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import attention
+import guards
 import run_record
 from collate import IGNORE_INDEX, PadCollate
 
@@ -126,6 +128,10 @@ DIST_INIT_TIMEOUT_S = env(
 
 class InputError(Exception):
     """Bad configuration or data. Raised identically on every rank before any collective."""
+
+
+class OutputDirError(RuntimeError):
+    """OUTPUT_DIR could not be written (full, read-only, vanished): reported in one line, not a traceback."""
 
 
 # What each constant allows, where not every value of its type makes sense.
@@ -333,13 +339,27 @@ class HangWatchdog(threading.Thread):
                 main = sys._current_frames().get(threading.main_thread().ident)
                 calls = [f"{f.name} (line {f.lineno})" for f in traceback.extract_stack(main) if f.filename == __file__]
                 report = f"collective timeout {step_position()}: {self.describe(pending[0])}"
+                cause = self.first_failure()
                 print(
-                    f"[rank {self.rank}] {report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}",
+                    f"[rank {self.rank}] {report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}"
+                    + (f"\n[rank {self.rank}] {cause}" if cause else ""),
                     file=sys.stderr,
                     flush=True,
                 )
                 record_for_torchrun(TimeoutError(report))
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
+
+    def post_failure(self, line: str) -> None:
+        """Tell the peers why this rank is ending (they print it: the root cause appears on every rank)."""
+        with suppress(RuntimeError, OSError):  # the store's host may be gone too
+            self.store.set(f"failure/{self.store.add('failures', 1)}", f"rank {self.rank} failed: {line}")
+
+    def first_failure(self) -> str:
+        """The first failure any rank posted ("" if none did): what the others' errors follow from."""
+        with suppress(RuntimeError, OSError):
+            if self.store.add("failures", 0):
+                return self.store.get("failure/1").decode()
+        return ""
 
     def heartbeats(self) -> dict[int, int]:
         """Every rank's beat count: one that stops growing belongs to a process that is gone."""
@@ -369,7 +389,11 @@ class HangWatchdog(threading.Thread):
         with suppress(RuntimeError, OSError):  # the store's host may be gone too
             self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
         dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
-        dump.write_bytes(flight_recorder(json_format=False))  # NCCL's own dump would come only at its backstop
+        try:  # NCCL's own dump would come only at its backstop
+            dump.write_bytes(flight_recorder(json_format=False))
+        except OSError:  # OUTPUT_DIR unwritable: the report must still come
+            dump = Path(tempfile.gettempdir()) / f"{dump.name}_{os.getpid()}"
+            dump.write_bytes(flight_recorder(json_format=False))
         missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
         return (
             f"{e['profiling_name']} #{seq} (sizes {e['input_sizes']}, issued {age:.0f} s ago); ranks that never "
@@ -425,9 +449,10 @@ class GracefulStop:
             gone = [r for r in now if now[r] == before[r] and r != self.watchdog.rank]
             if gone or time.monotonic() - start > self.GRACE_S:
                 why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
+                cause = self.watchdog.first_failure()
                 print(
                     f"[rank {self.watchdog.rank}] {self.signal.name}: {why} ({step_position()}); "
-                    f"exiting without a checkpoint",
+                    f"exiting without a checkpoint" + (f"\n[rank {self.watchdog.rank}] {cause}" if cause else ""),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -641,17 +666,10 @@ def train_loader(
         drop_last=True,
         collate_fn=collate,
         num_workers=NUM_WORKERS,
-        worker_init_fn=ignore_stop_signals if SAVE_ON_SIGTERM else None,
+        worker_init_fn=guards.loader_worker_init(os.getpid()),  # they live and die with this rank
         persistent_workers=False,
         pin_memory=torch.cuda.is_available(),
     )
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers: torchrun signals the whole process group on preemption, and a worker killed by it
-    would fail the step the main process is finishing. They exit with their parent anyway."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def data_summary(tokenizer, conversations: list, used_per_epoch: int, sample_size: int = 1000) -> str:
@@ -917,13 +935,16 @@ def publish_atomically(final: Path, write, expected_bytes: int) -> None:
                 os.fsync(fh.fileno())
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as "basic_ios::clear: iostream error"
         shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(final.parent).free
-        full = getattr(e, "errno", None) == errno.ENOSPC or free < expected_bytes
+        try:
+            free = shutil.disk_usage(final.parent).free
+        except OSError:  # the folder vanished
+            free = None
+        full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
         cause = "no space left on the device" if full else str(e).splitlines()[0]
-        raise RuntimeError(
-            f"saving {final} failed: {cause} ({free / 2**20:,.0f} MiB free in {final.parent}, "
-            f"this save needs about {expected_bytes / 2**20:,.0f} MiB); the temporary folder is "
-            f"removed and the previous checkpoint kept"
+        space = f"{free / 2**20:,.0f} MiB free in {final.parent}, " if free is not None else ""
+        raise OutputDirError(
+            f"saving {final} failed: {cause} ({space}this save needs about {expected_bytes / 2**20:,.0f} MiB); "
+            f"the temporary folder is removed and the previous checkpoint kept"
         ) from e
     shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
     if final.exists():
@@ -952,7 +973,7 @@ def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, run_config
             )
             (folder / "run.json").write_text(json.dumps(run_config, indent=1, default=str))
 
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # adapter + AdamW's 2 moments
         # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
         older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
@@ -1303,20 +1324,36 @@ def failures_reported(rank: int, world: int, lock):
     except Exception as e:
         record_for_torchrun(e)
         watchdog.stop()
-        stuck = watchdog.describe_failure()
-        print(
-            f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}"
-            + (f"[rank {rank}] stuck in {stuck}" if stuck else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        if line := output_dir_problem(e):  # the user's environment, not a bug: one line says it all
+            report = f"[rank {rank}] error: {line} ({step_position()})"
+        else:
+            line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            stuck = watchdog.describe_failure()
+            report = f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" + (
+                f"[rank {rank}] stuck in {stuck}" if stuck else ""
+            )
+        watchdog.post_failure(line)
+        cause = watchdog.first_failure()  # this rank's own, or a peer's that came first: then say it here too
+        if cause and not cause.startswith(f"rank {rank} "):
+            report = f"{report.rstrip()}\n[rank {rank}] {cause}"
+        print(report, file=sys.stderr, flush=True)
         sys.stdout.flush()
         if lock:
             lock.release()
-        os._exit(1)
+        os._exit(1)  # the loaders' workers die with this process (guards.py)
     finally:
         watchdog.stop()  # also on KeyboardInterrupt and SystemExit
     dist.destroy_process_group()
+
+
+def output_dir_problem(e: BaseException) -> str | None:
+    """The one line for a failure to write OUTPUT_DIR (a save, the metrics, a trace), else None."""
+    if isinstance(e, OutputDirError):
+        return str(e)
+    out = Path(OUTPUT_DIR).resolve()
+    if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
+        return f"OUTPUT_DIR {out} cannot be written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
+    return None
 
 
 def synchronized_clock(device: torch.device) -> float:

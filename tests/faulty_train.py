@@ -4,15 +4,21 @@
 
 The fault fires in optimizer step STEP, on RANK (or on every rank), in torchrun's first attempt only, so
 a group restarted by --max_restarts resumes and finishes, as after a real one-off failure:
-  nan    that step's loss is NaN (in the forward: every rank's all-reduced loss and gradients are NaN)
-  drift  after the update, this rank's first adapter weight moves by 1e-3: the replicas now differ
-  die    after the update the process exits with code 17: no exception, no cleanup
-  hang   after the update the process sleeps for an hour: its peers' next collective must time out
-  save   exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
+  nan       that step's loss is NaN (in the forward: every rank's all-reduced loss and gradients are NaN)
+  drift     after the update, this rank's first adapter weight moves by 1e-3: the replicas now differ
+  die       after the update the process exits with code 17: no exception, no cleanup
+  hang      after the update the process sleeps for an hour: its peers' next collective must time out
+  vanish    after the update this rank deletes OUTPUT_DIR, as when its storage goes away
+  readonly  after the update this rank remounts OUTPUT_DIR read-only (the test mounted a tmpfs there)
+  save      exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
+  linger    every DataLoader iterator stays referenced until the interpreter exits (STEP is ignored), as
+            the pin-memory thread can keep one on GPUs: the loaders' workers must still end with the job
 Each kind patches the one thing it needs; train_ddp.main() then runs as it is.
 """
 
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
-if KIND not in ("nan", "drift", "die", "hang", "save"):
+if KIND not in ("nan", "drift", "die", "hang", "vanish", "readonly", "save", "linger"):
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
@@ -56,6 +62,10 @@ def after_update(optimizer, args, kwargs) -> None:
         os._exit(17)
     elif KIND == "hang":
         time.sleep(3600)
+    elif KIND == "vanish":
+        shutil.rmtree(os.environ["OUTPUT_DIR"])
+    elif KIND == "readonly":
+        subprocess.run(["mount", "-o", "remount,ro", os.environ["OUTPUT_DIR"]], check=True)
 
 
 def crash_mid_save(save):
@@ -67,10 +77,23 @@ def crash_mid_save(save):
     return save_or_crash
 
 
+KEPT = []
+
+
+def kept(dataloader_iter):
+    def iter_and_keep(self):
+        KEPT.append(dataloader_iter(self))
+        return KEPT[-1]
+
+    return iter_and_keep
+
+
 if KIND == "nan":
     T.CausalLMLoss.forward = nan_loss(T.CausalLMLoss.forward)
 elif KIND == "save":
     torch.save = crash_mid_save(torch.save)  # train_ddp writes trainer_state.pt with it, after the adapter
+elif KIND == "linger":
+    torch.utils.data.DataLoader.__iter__ = kept(torch.utils.data.DataLoader.__iter__)
 else:
     register_optimizer_step_post_hook(after_update)
 

@@ -4,6 +4,7 @@ One uninterrupted 2-rank run is the reference (module fixture); every interrupte
 must end with an adapter bitwise identical to it. Dropout is on, so the RNG handling is tested too.
 """
 
+import contextlib
 import errno
 import json
 import math
@@ -579,16 +580,61 @@ def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_
     reference = references(backend)
     out = tmp_path / "out"
     job = Job.single_node(
-        job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1"), backend=backend
+        job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1", NUM_WORKERS="2"), backend=backend
     )  # no periodic checkpoint
     job.wait_for("step 1 |")
     job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
     job.wait(60)
+    assert_gone_soon_after_last_line(job)  # the loaders' workers too, which also received the SIGTERM
     stopped = re.search(r"stopped by SIGTERM after step (\d+): checkpoint saved", job.output)
     assert stopped and (out / "checkpoints" / f"step-{int(stopped[1]):08d}").is_dir(), job.output[-3000:]
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
     assert run.returncode == 0 and resumed_step(run.output) == int(stopped[1])
     assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+# ---------------------------------------------------------------- the job ends
+def assert_gone_soon_after_last_line(job, bound_s: float = 5.0):
+    """Every process of the job ended within bound_s of its last line (the output closes only when the
+    loaders' workers, which hold it too, have ended)."""
+    t_last, last = job.lines[-1]
+    assert job.ended - t_last < bound_s, f"still running {job.ended - t_last:.1f}s after its last line {last!r}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_job_is_gone_within_5_s_of_its_last_line_even_with_its_loaders_still_referenced(tmp_path, data, backend):
+    env = job_env(data, tmp_path / "out", FAULT="linger@0", NUM_WORKERS="2", EVAL_PATH="")
+    for run in ("trains", "finds the run complete"):
+        job = Job.single_node(env, backend=backend)
+        assert job.wait(120) == 0, f"{run}:\n{job.output[-3000:]}"
+        assert "load it: PeftModel.from_pretrained(" in job.lines[-1][1], job.output[-3000:]
+        assert_gone_soon_after_last_line(job)
+    assert "this run is already complete" in job.output
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path):
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs (to turn it read-only mid-run) needs root")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.parametrize("fault", ["vanish", "readonly"])
+def test_an_output_dir_that_vanishes_or_turns_read_only_ends_every_rank_with_a_line_naming_it(tmp_path, data, fault):
+    out = tmp_path / "out"
+    with tmpfs(out) if fault == "readonly" else contextlib.nullcontext():
+        job = Job.single_node(job_env(data, out, FAULT=f"{fault}@2@0", NUM_WORKERS="2", EVAL_PATH=""))
+        t_step1 = job.wait_for("step 1 |")
+        assert job.wait(120) == 1
+    assert job.ended - t_step1 < int(RUN["DIST_TIMEOUT_S"]), f"took {job.ended - t_step1:.1f}s"
+    for rank in (0, 1):
+        last = [line for _, line in job.lines if line.startswith(f"[rank {rank}] ")][-1]
+        assert f"OUTPUT_DIR {out.resolve()} cannot be written any more" in last, job.output[-4000:]
+    assert_gone_soon_after_last_line(job)
 
 
 def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_taken_over(tmp_path, data, reference):

@@ -1,0 +1,74 @@
+"""guards.py: a DataLoader worker ignores the SIGTERM that torchrun or a cluster sends to the whole process
+group, ends when its own rank stops it, and dies with its rank."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+import guards
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and sigwaitinfo are Linux's")
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_ignores_another_process_sigterm_and_ends_on_its_own_ranks():
+    loader = DataLoader(
+        range(1000), batch_size=10, num_workers=1, worker_init_fn=guards.loader_worker_init(os.getpid())
+    )
+    batches = iter(loader)
+    assert next(batches).tolist() == list(range(10))
+    (worker,) = batches._workers
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # as torchrun's killpg at preemption
+    subprocess.run(["kill", "-INT", str(worker.pid)], check=True)  # as Ctrl-C in the terminal
+    time.sleep(0.5)
+    assert alive(worker.pid)
+    assert next(batches).tolist() == list(range(10, 20))  # the rank's step can still finish
+    os.kill(worker.pid, signal.SIGTERM)  # what multiprocessing does to daemonic children at exit
+    worker.join(5)
+    assert worker.exitcode == 0  # 0: the loader's SIGCHLD check does not report it as a failure
+    del batches
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from torch.utils.data import DataLoader
+import guards
+batches = iter(DataLoader(range(100), num_workers=2, worker_init_fn=guards.loader_worker_init(os.getpid())))
+next(batches)
+print(" ".join(str(w.pid) for w in batches._workers), flush=True)
+time.sleep(0.3)
+os._exit(1)  # a failed rank: no cleanup, its loader still referenced
+"""
+
+
+def test_workers_die_with_their_rank():
+    rank = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(Path(guards.__file__).parent)], stdout=subprocess.PIPE, text=True
+    )
+    pids = [int(p) for p in rank.stdout.readline().split()]  # not communicate(): the workers hold the pipe too
+    assert rank.wait(60) == 1 and len(pids) == 2
+    assert wait_until(lambda: not any(alive(p) for p in pids), timeout=2.0), [p for p in pids if alive(p)]
+    rank.stdout.close()
