@@ -21,7 +21,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import guards
 
 HERE = Path(__file__).resolve().parent
 PEAK_BF16_TFLOPS = {"H200": 790.0, "H100": 790.0}  # measured dense bf16 matmul peak (device notes: 769-798)
@@ -121,23 +124,25 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
         str(HERE / "train_ddp.py"),
     ]
     print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.run_timeout)
-    except subprocess.TimeoutExpired as e:
-        proc = subprocess.CompletedProcess(cmd, -9, e.stdout or "", f"{e.stderr or ''}\ntimed out after {e.timeout}s")
-        proc.stdout, proc.stderr = (x.decode() if isinstance(x, bytes) else x for x in (proc.stdout, proc.stderr))
+    failed = launch(cmd, env, out, args, output := work / f"{name}.out")
+    text = output.read_text(errors="replace")
     with open(log, "a") as f:
-        f.write(f"\n===== {name} {overrides} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
+        f.write(f"\n===== {name} {overrides} ({failed or 'exit 0'})\n{text}")
     metrics = out / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     steady = [r for r in records if "step_time_s" in r and r["step"] >= 2]
-    if proc.returncode != 0 or not steady:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        print(f"   failed (exit {proc.returncode}): {' | '.join(tail)}", flush=True)
-        return {"name": name, "failed": "OOM" if "OutOfMemory" in proc.stderr else f"exit {proc.returncode}"}
+    if failed and "then did not exit" in failed:
+        failed = f"trained {max((r['step'] for r in records if 'loss' in r), default=0)} steps, {failed}"
+    elif failed or not steady:
+        failed = "OOM" if "OutOfMemory" in text else failed or "no steady step"
+    if failed:
+        print(f"   failed ({failed}): {' | '.join(text.strip().splitlines()[-3:])}", flush=True)
+    if not steady:
+        return {"name": name, "failed": failed}
     seconds = sum(r["step_time_s"] for r in steady)
     result = {
         "name": name,
+        "failed": failed,
         "step_s": seconds / len(steady),
         "target_tok_s": sum(r["targets"] for r in steady) / seconds,
         "tok_s": sum(r["tokens"] for r in steady) / seconds,
@@ -148,6 +153,26 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     }
     print(f"   {json.dumps(result)}", flush=True)
     return result
+
+
+def launch(cmd: list, env: dict, out: Path, args, output: Path) -> str | None:
+    """Run one job, its output into `output`. None when it trained and exited 0; else what went wrong. A job
+    that saved its adapter (training is over) but is still running --exit-timeout s later is ended with
+    every process below it: it would have hung a user's terminal too."""
+    with open(output, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    start, trained = time.monotonic(), None
+    while proc.poll() is None:
+        time.sleep(0.5)
+        if trained is None and (out / "adapter").is_dir():
+            trained = time.monotonic()
+        if trained is not None and time.monotonic() - trained > args.exit_timeout:
+            guards.kill_tree(proc)
+            return f"then did not exit within {args.exit_timeout:.0f} s"
+        if time.monotonic() - start > args.run_timeout:
+            guards.kill_tree(proc)
+            return f"timed out after {args.run_timeout:.0f} s"
+    return f"exit {proc.returncode}" if proc.returncode else None
 
 
 def run_names(text: str) -> str:
@@ -174,6 +199,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", default="bench-out", help="folder for bench.log (every run's output) and results.json")
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is killed")
+    ap.add_argument(
+        "--exit-timeout", type=float, default=30, help="seconds a run may take to exit once its adapter is saved"
+    )
     ap.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
     ap.add_argument(
         "--data",
@@ -197,7 +225,7 @@ def main() -> None:
     flops = train_flops_per_token(args.config, args.seq_len)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
-    base = next((r for r in results if "failed" not in r), None)
+    base = next((r for r in results if "step_s" in r), None)
     print(
         f"\n{args.gpus}x {gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
         f"steady steps 2..{args.steps} | {flops / 1e9:.1f} GFLOP/token"
@@ -208,14 +236,15 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        if "failed" in r:
-            print(f"| {r['name']} | {r['failed']} | | | | | | | | | |")
+        if "step_s" not in r:
+            print(f"| {r['name']} (failed: {r['failed']}) | | | | | | | | | | |")
             continue
         tflops = r["tok_s"] * flops / 1e12 / args.gpus
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
         pred = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] else ""
+        name = f"{r['name']} (failed: {r['failed']})" if r["failed"] else r["name"]
         print(
-            f"| {r['name']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
+            f"| {name} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
             f"{r['step_s']:.2f} | "
             f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | {mfu} | "
             f"{r['target_tok_s'] / base['target_tok_s']:.2f}x |"
@@ -223,6 +252,8 @@ def main() -> None:
     (out / "results.json").write_text(
         json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops, "results": results}, indent=1)
     )
+    if any(r["failed"] for r in results):
+        sys.exit(1)  # every measured step is printed above, but a run that failed (or never exited) fails the bench
 
 
 if __name__ == "__main__":

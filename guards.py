@@ -1,4 +1,4 @@
-"""DataLoader workers that live and die with their rank process.
+"""Process lifetimes: DataLoader workers that live and die with their rank; a launched job ended whole.
 
 At preemption torchrun (and a cluster's scheduler) sends SIGTERM to the rank's whole process group,
 its DataLoader workers included. A worker killed then fails the step that the rank is finishing for
@@ -14,12 +14,15 @@ from its rank alone:
 - Ctrl-C at the terminal reaches the whole foreground group: the rank handles it, the worker ignores it.
 """
 
+import contextlib
 import ctypes
 import functools
 import os
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -45,3 +48,33 @@ def exit_on_sigterm_from(rank_pid: int) -> None:
     while signal.sigwaitinfo({signal.SIGTERM}).si_pid != rank_pid:
         pass
     os._exit(0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from the parent ids in /proc/*/stat (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the field after the state
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process below it. torchrun starts each rank in its own session, so
+    killing the launcher's process group alone would orphan them."""
+    if proc.poll() is not None:
+        return
+    groups = {proc.pid}
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait()

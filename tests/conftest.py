@@ -3,9 +3,7 @@
 Multi-rank tests run on gloo (CPU, what CI runs) and, where a case is parametrized with BACKENDS, on
 NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped without 2 CUDA devices."""
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from guards import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
@@ -43,34 +43,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from the parent ids in /proc/*/stat (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the field after the state
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a launcher and every worker. torchrun starts each worker in its own session, so killing
-    the launcher's process group alone would orphan them."""
-    if proc.poll() is not None:
-        return
-    groups = {proc.pid}
-    for pid in descendants(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            groups.add(os.getpgid(pid))
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-    proc.wait()
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def torchrun(

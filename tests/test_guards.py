@@ -9,19 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 from torch.utils.data import DataLoader
 
 import guards
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and sigwaitinfo are Linux's")
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper has ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(condition, timeout: float = 5.0) -> bool:

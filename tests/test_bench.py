@@ -1,0 +1,39 @@
+"""bench.py's launcher: a run that saved its adapter but never exits is named, ended with its children and
+counted as a failure; a run that exits is not."""
+
+import re
+import sys
+import time
+from argparse import Namespace
+
+from conftest import alive
+
+import bench
+
+# A stand-in job: it "trains" (writes the adapter folder), then, like a rank waiting forever on workers
+# that never end, keeps running with a child of its own.
+JOB = """
+import os, subprocess, sys, time
+os.makedirs(os.path.join(sys.argv[1], "adapter"))
+if sys.argv[2] == "hang":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"child {child.pid}", flush=True)
+    time.sleep(600)
+"""
+
+
+def launch(tmp_path, mode: str):
+    args = Namespace(exit_timeout=1.0, run_timeout=60)
+    return bench.launch([sys.executable, "-c", JOB, str(tmp_path), mode], {}, tmp_path, args, tmp_path / "out.log")
+
+
+def test_a_run_that_trains_and_then_does_not_exit_is_named_and_ended_with_its_children(tmp_path):
+    t0 = time.monotonic()
+    assert launch(tmp_path, "hang") == "then did not exit within 1 s"
+    assert time.monotonic() - t0 < 10
+    child = int(re.search(r"child (\d+)", (tmp_path / "out.log").read_text())[1])
+    assert not alive(child)
+
+
+def test_a_run_that_exits_after_training_is_not_a_failure(tmp_path):
+    assert launch(tmp_path, "exit") is None
