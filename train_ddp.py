@@ -365,6 +365,15 @@ class HangWatchdog(threading.Thread):
         """Every rank's beat count: one that stops growing belongs to a process that is gone."""
         return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
 
+    def peers_gone(self, window_s: float = 3.0) -> list[int]:
+        """The peers whose beat did not grow over `window_s` (a beat comes every 2 s)."""
+        with suppress(RuntimeError, OSError):  # the store's host may be gone too
+            before = self.heartbeats()
+            time.sleep(window_s)
+            now = self.heartbeats()
+            return [r for r in now if now[r] == before[r] and r != self.rank]
+        return []
+
     def describe_failure(self) -> str:
         """After an exception: the last collective, if it waited long enough for every rank to post its
         count (a few seconds) and some rank never entered it; else ""."""
@@ -1322,21 +1331,9 @@ def failures_reported(rank: int, world: int, lock):
         dist.destroy_process_group()
         raise
     except Exception as e:
-        record_for_torchrun(e)
         watchdog.stop()
-        if line := output_dir_problem(e):  # the user's environment, not a bug: one line says it all
-            report = f"[rank {rank}] error: {line} ({step_position()})"
-        else:
-            line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            stuck = watchdog.describe_failure()
-            report = f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}" + (
-                f"[rank {rank}] stuck in {stuck}" if stuck else ""
-            )
-        watchdog.post_failure(line)
-        cause = watchdog.first_failure()  # this rank's own, or a peer's that came first: then say it here too
-        if cause and not cause.startswith(f"rank {rank} "):
-            report = f"{report.rstrip()}\n[rank {rank}] {cause}"
-        print(report, file=sys.stderr, flush=True)
+        print(failure_report(e, rank, watchdog), file=sys.stderr, flush=True)
+        record_for_torchrun(e)  # after the report: a peer that died first stays torchrun's root cause
         sys.stdout.flush()
         if lock:
             lock.release()
@@ -1344,6 +1341,27 @@ def failures_reported(rank: int, world: int, lock):
     finally:
         watchdog.stop()  # also on KeyboardInterrupt and SystemExit
     dist.destroy_process_group()
+
+
+def failure_report(e: Exception, rank: int, watchdog: HangWatchdog) -> str:
+    """What a failed rank prints: one line for an OUTPUT_DIR that cannot be written; else the traceback, the
+    collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
+    cause another rank posted is added here."""
+    if line := output_dir_problem(e):  # the user's environment, not a bug: one line says it all
+        report = f"[rank {rank}] error: {line} ({step_position()})\n"
+    else:
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        report = f"[rank {rank}] failed {step_position()}\n{traceback.format_exc()}"
+        if stuck := watchdog.describe_failure():
+            report += f"[rank {rank}] stuck in {stuck}\n"
+        if "gloo/transport" in line and (gone := watchdog.peers_gone()):  # a peer's connection broke: which?
+            line = f"rank(s) {gone} stopped beating: the process is gone"
+            report += f"[rank {rank}] {line}\n"
+    watchdog.post_failure(line)
+    cause = watchdog.first_failure()  # this rank's own, or a peer's that came first
+    if cause and not cause.startswith(f"rank {rank} "):
+        report += f"[rank {rank}] {cause}\n"
+    return report.rstrip()
 
 
 def output_dir_problem(e: BaseException) -> str | None:
