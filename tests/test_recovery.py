@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -405,10 +406,13 @@ def test_killed_rank_on_another_node_makes_the_survivor_exit_with_its_stack(tmp_
     assert "Traceback" in report and "RuntimeError" in report, survivor.output[-4000:]
 
 
-def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, data):
+@pytest.mark.parametrize("dump_folder", ["OUTPUT_DIR", "unwritable"])
+def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, data, dump_folder):
     timeout_s = 8
+    unwritable = {"TORCH_FR_DUMP_TEMP_FILE": "/proc/no-such-folder/flight_recorder_rank_"}
     job = Job.single_node(
         job_env(data, tmp_path / "out", FAULT="hang@2@1", EVAL_PATH="", DIST_TIMEOUT_S=str(timeout_s))
+        | (unwritable if dump_folder == "unwritable" else {})
     )
     t_step2 = job.wait_for("step 2 |")  # rank 0 finished step 2; rank 1 is stuck before finishing it
     assert job.wait(120) != 0
@@ -420,7 +424,14 @@ def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, da
     assert re.search(r"\[rank 0\] stuck in gloo:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[
         -2000:
     ]
-    assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
+    dump = re.search(r"\[rank 0\] stuck in .*flight recorder dump: (\S+) ", report)[1]
+    if dump_folder == "OUTPUT_DIR":
+        assert dump == str(tmp_path / "out" / "flight_recorder_rank_0")
+    else:  # the report falls back to the temporary folder
+        assert dump.startswith(f"{tempfile.gettempdir()}/flight_recorder_rank_0_")
+    assert Path(dump).stat().st_size > 0
+    if dump_folder == "unwritable":
+        Path(dump).unlink()
 
 
 @pytest.mark.gpu

@@ -7,4 +7,4 @@ export PYTHONUNBUFFERED=1; O=$OUT
 (CUDA_VISIBLE_DEVICES=1 timeout 480 python3 bench.py --runs fast-compile --run-timeout 420 --out $O/fast-compile > $O/fast-compile.out 2>&1) &
 wait
 OUTPUT_DIR=/tmp/main-out timeout 120 python3 bench_results/gpu-lane/timed_job.py $O/main_job.log -- torchrun --standalone --nproc_per_node=2 train_ddp.py > $O/main_job.txt 2>&1
-cat $O/main_job.txt; tail -4 $O/plain.out $O/fast-compile.out
+cat $O/main_job.txt; tail -n 4 $O/plain.out $O/fast-compile.out
