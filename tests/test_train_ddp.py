@@ -196,7 +196,9 @@ def test_gradients_equal_single_process_on_global_batch_with_one_allreduce_per_s
     assert run.returncode == 0, run.output[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert len(set(result["lengths"])) == len(result["lengths"])  # samples of unequal lengths
-    assert result["max_rel_grad_diff"] < 1e-5
+    # fp32 summation order only: 1.1e-5 of the largest gradient on an AMD EPYC's CPU kernels, under 1e-5 on
+    # others; a wrong loss normalisation or a missed all-reduce is off by far more (a factor, not the 5th digit)
+    assert result["max_rel_grad_diff"] < 5e-5
     # Every gradient element is all-reduced exactly once per optimizer step: none during the
     # no_sync micro-batch, one bucketed pass (over the whole gradient) on the last micro-batch.
     assert result["allreduced_elements"] == result["trainable_elements"]
