@@ -969,15 +969,16 @@ def adapter_bytes(model: DDP) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def save_checkpoint(model: DDP, optimizer, scheduler, progress: dict, run_config: dict) -> Path:
-    """Adapter + optimizer, scheduler and progress, as OUTPUT_DIR/checkpoints/step-N; the oldest pruned."""
+def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict) -> Path:
+    """Adapter + optimizer state and progress, as OUTPUT_DIR/checkpoints/step-N; the oldest pruned. (No
+    scheduler state: the schedule is a function of the settings and the step, re-derived on resume.)"""
     final = Path(OUTPUT_DIR) / "checkpoints" / f"step-{progress['step']:08d}"
     if dist.get_rank() == 0:
 
         def write(folder: Path) -> None:
             model.module.lm.save_pretrained(folder)  # model.module unwraps DDP
             torch.save(
-                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "progress": progress},
+                {"optimizer": optimizer.state_dict(), "progress": progress},
                 folder / "trainer_state.pt",
             )
             (folder / "run.json").write_text(json.dumps(run_config, indent=1, default=str))
@@ -1069,15 +1070,19 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, peft_model, optimizer, scheduler) -> dict:
+def load_checkpoint(path: Path, peft_model, optimizer) -> dict:
+    """The adapter weights and AdamW's moments from `path`; every hyperparameter stays as this run sets it
+    (an LR or WEIGHT_DECAY changed under RESUME_ALLOW_CHANGES=1 takes effect). Returns the progress."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     state = load_file(str(path / "adapter_model.safetensors"), device=str(next(peft_model.parameters()).device))
     set_peft_model_state_dict(peft_model, state)
-    optimizer.load_state_dict(trainer_state["optimizer"])
-    scheduler.load_state_dict(trainer_state["scheduler"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(trainer_state["optimizer"])  # also puts the checkpoint's lr, weight_decay back...
+    for group, mine in zip(optimizer.param_groups, settings, strict=True):
+        group.update(mine)  # ... which this run's own replace
     return trainer_state["progress"]
 
 
@@ -1221,13 +1226,13 @@ def main() -> None:
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
         adapter_params = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(adapter_params, lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
-        scheduler = lr_schedule(optimizer, total_steps)
         progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
         if (resume_from := check_same_checkpoint(resume_from)) is not None:
-            progress = load_checkpoint(resume_from, peft_model, optimizer, scheduler)
+            progress = load_checkpoint(resume_from, peft_model, optimizer)
             say(f"resumed from {resume_from} at step {progress['step']}")
             if already_complete(progress, total_steps, device):
                 return
+        scheduler = lr_schedule(optimizer, total_steps, steps_taken=progress["step"])
         _step.update(current=progress["step"], completed=progress["step"])
         first_step = progress["step"] + 1
 
@@ -1294,7 +1299,7 @@ def main() -> None:
                     log.eval(step, evaluate(model, eval_set, collate, device))
                 if stop and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
                     STOP.at_boundary.set()
-                    save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)
+                    save_checkpoint(model, optimizer, dict(progress), run_config)
                     say(
                         f"stopped by {STOP.signal.name if STOP.signal else 'another rank'} after step {step}: "
                         f"checkpoint saved; the same command resumes from it"
@@ -1302,7 +1307,7 @@ def main() -> None:
                     return
                 if progress["epoch"] > epoch or (SAVE_EVERY and step % SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
-                    save_checkpoint(model, optimizer, scheduler, dict(progress), run_config)  # rank 0 writes
+                    save_checkpoint(model, optimizer, dict(progress), run_config)  # rank 0 writes
                     say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
         log.close()
 
@@ -1467,15 +1472,18 @@ class StepLog:
         self.bar.close()
 
 
-def lr_schedule(optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over WARMUP_STEPS in which step 1 already trains (at LR/WARMUP_STEPS), then cosine decay."""
+def lr_schedule(optimizer, total_steps: int, steps_taken: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over WARMUP_STEPS in which step 1 already trains (at LR/WARMUP_STEPS), then cosine decay,
+    positioned after `steps_taken` steps: a resumed run derives it from its own LR, WARMUP_STEPS and length."""
 
     def factor(steps_taken: int) -> float:
         if steps_taken < WARMUP_STEPS:
             return (steps_taken + 1) / WARMUP_STEPS
         return 0.5 * (1 + math.cos(math.pi * (steps_taken - WARMUP_STEPS) / max(1, total_steps - WARMUP_STEPS)))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = LR
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=steps_taken - 1)
 
 
 def say_where_everything_is(adapter: Path) -> None:

@@ -541,14 +541,23 @@ def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, d
     assert run.returncode == 0 and resumed_step(run.output) == 4, run.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))  # the same data is the same data, wherever it lies
 
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, LR="1e-4", EPOCHS="3", RESUME_ALLOW_CHANGES="1"))
+    changed = {"LR": "1e-4", "WEIGHT_DECAY": "0.1", "EPOCHS": "3", "RESUME_ALLOW_CHANGES": "1"}
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, **changed))
     assert run.returncode == 0, run.output[-3000:]
     assert re.search(
         r"warning: resuming \S+step-00000006 with changed settings \(RESUME_ALLOW_CHANGES=1\): "
-        r"EPOCHS: checkpoint 2, now 3; LR: checkpoint 0.0002, now 0.0001",
+        r"EPOCHS: checkpoint 2, now 3; LR: checkpoint 0.0002, now 0.0001; WEIGHT_DECAY: checkpoint 0.0, now 0.1",
         run.output,
     ), run.output[-3000:]
     assert resumed_step(run.output) == 6 and [r["step"] for r in metrics(out) if "loss" in r][-3:] == [7, 8, 9]
+    # the changes take effect: the schedule is the new LR's over the new 9 steps (warmup 2, then cosine) ...
+    logged = {r["step"]: r["lr"] for r in metrics(out) if "loss" in r}
+    assert [logged[step] for step in (7, 8, 9)] == [
+        1e-4 * 0.5 * (1 + math.cos(math.pi * (n - 2) / 7)) for n in (6, 7, 8)
+    ]
+    # ... and the optimizer's own values, as saved at step 9, are this run's
+    (group,) = torch.load(out / "checkpoints" / "step-00000009" / "trainer_state.pt")["optimizer"]["param_groups"]
+    assert (group["initial_lr"], group["weight_decay"]) == (1e-4, 0.1)
     config = json.loads((out / "config.json").read_text())
     assert config["resumed_from"].endswith("step-00000006") and config["settings"]["LR"] == {
         "value": 1e-4,
