@@ -993,13 +993,33 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict) -> 
     return final
 
 
-def save_adapter(model: DDP) -> Path:
-    """The final adapter as OUTPUT_DIR/adapter, loadable with PeftModel.from_pretrained."""
+def save_adapter(model: DDP, record: dict) -> Path:
+    """The final adapter as OUTPUT_DIR/adapter, loadable with PeftModel.from_pretrained, with the run's record
+    (run.json: settings, identity, progress): what a rerun reads to know the run is complete."""
     final = Path(OUTPUT_DIR) / "adapter"
     if dist.get_rank() == 0:
-        publish_atomically(final, model.module.lm.save_pretrained, expected_bytes=adapter_bytes(model))
+
+        def write(folder: Path) -> None:
+            model.module.lm.save_pretrained(folder)
+            (folder / "run.json").write_text(json.dumps(record, indent=1, default=str))
+
+        publish_atomically(final, write, expected_bytes=adapter_bytes(model))
     dist.barrier()
     return final
+
+
+def finished_run(identity: dict, total_steps: int) -> str | None:
+    """With RESUME=auto: None if this run has steps left; else "" when OUTPUT_DIR holds its complete adapter,
+    or a note when the data differ from those it was trained on (the run is complete all the same)."""
+    adapter = Path(OUTPUT_DIR) / "adapter"
+    if RESUME != "auto" or not (adapter / "run.json").is_file() or run_record.damage(adapter) is not None:
+        return None
+    record = json.loads((adapter / "run.json").read_text())
+    changes = run_record.differences(record["identity"], identity)
+    data = [c for c in changes if c.startswith("data_sha256")]
+    if record["progress"]["step"] < total_steps or len(changes) > len(data):
+        return None
+    return f"; DATA_PATH's content differs from the data it was trained on ({DATA_PATH})" if data else ""
 
 
 def find_resume_checkpoint(identity: dict) -> Path | None:
@@ -1201,7 +1221,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
     rank0_print(data_summary(tokenizer, conversations, n_steps_epoch * world * MICRO_BATCH * ACCUM_STEPS))
     identity = this_run_identity(world)
-    resume_from = find_resume_checkpoint(identity)
+    finished = finished_run(identity, total_steps)
+    resume_from = find_resume_checkpoint(identity) if finished is None else None
     run_config = {
         "settings": effective_settings(),
         "identity": identity,
@@ -1224,14 +1245,14 @@ def main() -> None:
     init_distributed(device)
     with failures_reported(rank, world, lock) as watchdog:
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
+        if already_complete(finished, total_steps, device):
+            return
         adapter_params = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(adapter_params, lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
         progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
         if (resume_from := check_same_checkpoint(resume_from)) is not None:
             progress = load_checkpoint(resume_from, peft_model, optimizer)
             say(f"resumed from {resume_from} at step {progress['step']}")
-            if already_complete(progress, total_steps, device):
-                return
         scheduler = lr_schedule(optimizer, total_steps, steps_taken=progress["step"])
         _step.update(current=progress["step"], completed=progress["step"])
         first_step = progress["step"] + 1
@@ -1315,7 +1336,7 @@ def main() -> None:
         if eval_set is not None and not (EVAL_EVERY and progress["step"] % EVAL_EVERY == 0):  # else just done
             log.eval(progress["step"], evaluate(model, eval_set, collate, device), final=True)
         checksum = check_replicas_identical(model.module, progress["step"])
-        path = save_adapter(model)
+        path = save_adapter(model, {**run_config, "progress": progress})
         say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
         say_where_everything_is(path)
 
@@ -1386,12 +1407,11 @@ def synchronized_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def already_complete(progress: dict, total_steps: int, device: torch.device) -> bool:
-    """Whether the resumed run has nothing left to do, decided from every rank's view of OUTPUT_DIR at once
-    (a rank that returned alone would leave its peers waiting in DDP's first broadcast)."""
+def already_complete(finished: str | None, total_steps: int, device: torch.device) -> bool:
+    """Whether this run has nothing left to do (finished_run), decided from every rank's view of OUTPUT_DIR at
+    once (a rank that returned alone would leave its peers waiting in DDP's first broadcast)."""
     adapter = Path(OUTPUT_DIR) / "adapter"
-    mine = progress["step"] >= total_steps and adapter.is_dir() and run_record.damage(adapter) is None
-    (votes,) = all_reduce_sum([float(mine)], device)
+    (votes,) = all_reduce_sum([float(finished is not None)], device)
     if 0 < votes < dist.get_world_size():
         raise RuntimeError(
             f"ranks disagree whether {adapter} is complete ({votes:.0f} of {dist.get_world_size()} "
@@ -1400,8 +1420,8 @@ def already_complete(progress: dict, total_steps: int, device: torch.device) -> 
     if not votes:
         return False
     say(
-        f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train. To train "
-        f"again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
+        f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train{finished}. To "
+        f"train again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
     )
     say_where_everything_is(adapter)
     return True

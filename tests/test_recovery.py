@@ -531,6 +531,24 @@ def test_a_finished_run_started_again_says_so_and_changes_nothing(tmp_path, data
     assert [r["step"] for r in metrics(out) if "loss" in r] == list(range(1, TOTAL_STEPS + 1))  # nothing logged
 
 
+def test_a_finished_run_that_ended_mid_epoch_stays_finished_even_when_its_data_changed(tmp_path, data):
+    out, changed = tmp_path / "out", tmp_path / "changed.jsonl"
+    env = job_env(data, out, MAX_STEPS="2", EVAL_PATH="")  # step 2 of 3 in epoch 0: no checkpoint there
+    assert torchrun(ROOT / "train_ddp.py", env=env).returncode == 0
+    before = adapter(out)
+    rerun = torchrun(ROOT / "train_ddp.py", env=env)
+    assert rerun.returncode == 0 and "this run is already complete (2 of 2 steps): nothing to train." in rerun.output
+    changed.write_text("\n".join(Path(data["DATA_PATH"]).read_text().splitlines()[1:]) + "\n")
+    rerun = torchrun(ROOT / "train_ddp.py", env={**env, "DATA_PATH": str(changed)})
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    assert (
+        f"this run is already complete (2 of 2 steps): nothing to train; DATA_PATH's content differs from the "
+        f"data it was trained on ({changed})" in rerun.output
+    ), rerun.output[-3000:]
+    assert_bitwise_equal(adapter(out), before)
+    assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]  # nothing trained again
+
+
 def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, data, reference):
     out = tmp_path / "out"
     copy_checkpoints(reference, out)
