@@ -329,12 +329,24 @@ class HangWatchdog(threading.Thread):
         return entries, entered
 
     def run(self) -> None:
+        launcher_gone = False
         while not self.stopped.wait(2.0):
-            self.store.add(f"beats/{self.rank}", 1)
             pending, entered = self.state()
-            if entered != self.posted:
-                self.store.set(f"entered/{self.rank}", str(entered))
-                self.posted = entered
+            try:
+                if not launcher_gone:
+                    self.store.add(f"beats/{self.rank}", 1)
+                    if entered != self.posted:
+                        self.store.set(f"entered/{self.rank}", str(entered))
+                        self.posted = entered
+            except (RuntimeError, OSError) as e:  # the store lives in torchrun's agent: the launcher is gone
+                launcher_gone = True
+                STOP.request("the loss of the launcher")
+                print(
+                    f"[rank {self.rank}] the launcher is gone (its store does not answer: {type(e).__name__}): "
+                    f"stopping after this step with a checkpoint ({step_position()})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if pending and time.time_ns() - pending[0]["time_created_ns"] > (self.timeout_s + self.grace_s) * 1e9:
                 main = sys._current_frames().get(threading.main_thread().ident)
                 calls = [f"{f.name} (line {f.lineno})" for f in traceback.extract_stack(main) if f.filename == __file__]
@@ -362,17 +374,19 @@ class HangWatchdog(threading.Thread):
         return ""
 
     def heartbeats(self) -> dict[int, int]:
-        """Every rank's beat count: one that stops growing belongs to a process that is gone."""
-        return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
+        """Every rank's beat count: one that stops growing belongs to a process that is gone. ({} when the store
+        does not answer: the launcher, which holds it, is gone, and with it what tells a dead peer.)"""
+        try:
+            return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
+        except (RuntimeError, OSError):
+            return {}
 
     def peers_gone(self, window_s: float = 3.0) -> list[int]:
         """The peers whose beat did not grow over `window_s` (a beat comes every 2 s)."""
-        with suppress(RuntimeError, OSError):  # the store's host may be gone too
-            before = self.heartbeats()
-            time.sleep(window_s)
-            now = self.heartbeats()
-            return [r for r in now if now[r] == before[r] and r != self.rank]
-        return []
+        before = self.heartbeats()
+        time.sleep(window_s)
+        now = self.heartbeats()
+        return [r for r in now if now[r] == before.get(r) and r != self.rank]
 
     def describe_failure(self) -> str:
         """After an exception: the last collective, if it waited long enough for every rank to post its
@@ -414,8 +428,8 @@ class HangWatchdog(threading.Thread):
 
 
 class GracefulStop:
-    """Preemption (SIGTERM, what clusters and torchrun send) or Ctrl-C: every rank finishes its step (all
-    learn of the signal in that step's last all-reduce), rank 0 checkpoints, all exit 0.
+    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C or a lost launcher (HangWatchdog): every
+    rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.
 
     A Python signal handler runs only when the main thread returns to Python, which a rank blocked in
     a collective (on NCCL, on the GPU) never does. So the signal is read from the interpreter's wakeup
@@ -429,7 +443,17 @@ class GracefulStop:
     GRACE_S, CHECK_S = 25.0, 5.0
 
     def __init__(self):
-        self.signal, self.watchdog, self.at_boundary = None, None, threading.Event()
+        self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the job stops at the end of this step (None: it does not)."""
+        return self.signal.name if self.signal else self.requested
+
+    def request(self, reason: str) -> None:
+        """Stop at the end of this step with a checkpoint, as on SIGTERM (every rank learns it in the step's
+        last all-reduce)."""
+        self.requested = self.requested or reason
 
     def install(self, watchdog: "HangWatchdog") -> None:
         self.watchdog = watchdog
@@ -455,7 +479,7 @@ class GracefulStop:
         start, before = time.monotonic(), self.watchdog.heartbeats()
         while not self.at_boundary.wait(self.CHECK_S):
             now = self.watchdog.heartbeats()
-            gone = [r for r in now if now[r] == before[r] and r != self.watchdog.rank]
+            gone = [r for r in now if now[r] == before.get(r) and r != self.watchdog.rank]
             if gone or time.monotonic() - start > self.GRACE_S:
                 why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
                 cause = self.watchdog.first_failure()
@@ -895,7 +919,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
                 loss_sum, _ = model(**batch)
             (loss_sum * scale).backward()
         local_loss += loss_sum.detach().double()
-    loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP.signal is not None], device)
+    loss_sum_all, stops = all_reduce_sum([local_loss.item(), STOP.reason is not None], device)
     return loss_sum_all, (n_targets, n_tokens, n_padded), stops > 0
 
 
@@ -950,10 +974,12 @@ def publish_atomically(final: Path, write, expected_bytes: int) -> None:
             free = None
         full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
         cause = "no space left on the device" if full else str(e).splitlines()[0]
-        space = f"{free / 2**20:,.0f} MiB free in {final.parent}, " if free is not None else ""
+        space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
+        kept = sorted(final.parent.glob(final.name.split("-")[0] + "*"))  # step-* or adapter: what survives
         raise OutputDirError(
-            f"saving {final} failed: {cause} ({space}this save needs about {expected_bytes / 2**20:,.0f} MiB); "
-            f"the temporary folder is removed and the previous checkpoint kept"
+            f"saving {final} failed: {cause} ({space}this save needs about {readable_size(expected_bytes)}); "
+            f"the temporary folder is removed"
+            + (f" and {kept[-1].name} kept" if kept else "; there is no earlier one to keep")
         ) from e
     shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
     if final.exists():
@@ -963,6 +989,14 @@ def publish_atomically(final: Path, write, expected_bytes: int) -> None:
     os.fsync(dir_fd)  # make the rename itself durable
     os.close(dir_fd)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def readable_size(n_bytes: float) -> str:
+    """Bytes as a person reads them: 544 KiB, 1.2 MiB, 3.4 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:,.0f} {unit}" if unit in ("B", "KiB") else f"{n_bytes:,.1f} {unit}"
+        n_bytes /= 1024
 
 
 def adapter_bytes(model: DDP) -> int:
@@ -1322,7 +1356,7 @@ def main() -> None:
                     STOP.at_boundary.set()
                     save_checkpoint(model, optimizer, dict(progress), run_config)
                     say(
-                        f"stopped by {STOP.signal.name if STOP.signal else 'another rank'} after step {step}: "
+                        f"stopped by {STOP.reason or 'another rank'} after step {step}: "
                         f"checkpoint saved; the same command resumes from it"
                     )
                     return

@@ -299,22 +299,28 @@ def test_resume_picks_the_newest_intact_checkpoint(tmp_path, monkeypatch, capsys
         T.find_resume_checkpoint(identity)
 
 
-def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previous_one(tmp_path):
+def disk_fills(folder):
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"2" * 50)
+    raise OSError(errno.ENOSPC, "No space left on device", str(folder / "a.bin"))
+
+
+def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previous_one(tmp_path, monkeypatch):
     final = tmp_path / "checkpoints" / "step-00000002"
     final.parent.mkdir()
+    with pytest.raises(T.OutputDirError) as first:  # the first checkpoint: there is none to keep
+        T.publish_atomically(final, disk_fills, expected_bytes=100)
+    assert str(first.value).endswith("the temporary folder is removed; there is no earlier one to keep")
     T.publish_atomically(final, lambda d: d.mkdir() or (d / "a.bin").write_bytes(b"1" * 100), expected_bytes=100)
 
-    def disk_fills(folder):
-        folder.mkdir()
-        (folder / "a.bin").write_bytes(b"2" * 50)
-        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "a.bin"))
-
-    with pytest.raises(
-        RuntimeError,
-        match=rf"saving {final} failed: no space left on the device \(.* MiB free in "
-        rf"{final.parent}, this save needs about .* MiB\)",
-    ):
-        T.publish_atomically(final, disk_fills, expected_bytes=100)
+    later = final.with_name("step-00000004")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30 - 557_056, 557_056))
+    with pytest.raises(T.OutputDirError) as second:
+        T.publish_atomically(later, disk_fills, expected_bytes=3 * 2**20)
+    assert str(second.value) == (
+        f"saving {later} failed: no space left on the device (544 KiB free in {final.parent}, this save needs "
+        f"about 3.0 MiB); the temporary folder is removed and step-00000002 kept"
+    )
     assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002"]  # no .tmp- left to fill the disk
     assert run_record.damage(final) is None and (final / "a.bin").read_bytes() == b"1" * 100
 
@@ -673,6 +679,26 @@ def test_an_output_dir_that_vanishes_or_turns_read_only_ends_every_rank_with_a_l
         last = [line for _, line in job.lines if line.startswith(f"[rank {rank}] ")][-1]
         assert f"OUTPUT_DIR {out.resolve()} cannot be written any more" in last, job.output[-4000:]
     assert_gone_soon_after_last_line(job)
+
+
+def test_ranks_whose_launcher_is_killed_stop_with_a_checkpoint_that_resumes(tmp_path, data):
+    out = tmp_path / "out"
+    env = job_env(data, out, SAVE_EVERY="0", NUM_WORKERS="2", EPOCHS="8")  # 24 steps; no periodic checkpoint
+    job = Job.single_node(env)
+    job.wait_for("step 1 |")
+    t_kill = time.monotonic()
+    job.proc.kill()  # the launcher alone (as an OOM killer might): the ranks run in sessions of their own
+    job.reader.join(60)  # the output closes when the ranks and their workers are gone
+    assert job.ended is not None and job.ended - t_kill < int(RUN["DIST_TIMEOUT_S"]), job.output[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] the launcher is gone (its store does not answer" in job.output, job.output[-3000:]
+    stopped = re.search(r"stopped by the loss of the launcher after step (\d+): checkpoint saved", job.output)
+    assert stopped and int(stopped[1]) < 24, job.output[-3000:]
+    assert run_record.damage(out / "checkpoints" / f"step-{int(stopped[1]):08d}") is None
+    assert "Exception in thread" not in job.output
+    run = torchrun(ROOT / "train_ddp.py", env=env)
+    assert run.returncode == 0 and resumed_step(run.output) == int(stopped[1]), run.output[-3000:]
+    assert [r["step"] for r in metrics(out) if "loss" in r][-1] == 24
 
 
 def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_taken_over(tmp_path, data, reference):
