@@ -1015,7 +1015,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict) -> 
                 {"optimizer": optimizer.state_dict(), "progress": progress},
                 folder / "trainer_state.pt",
             )
-            (folder / "run.json").write_text(json.dumps(run_config, indent=1, default=str))
+            (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
 
         final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # adapter + AdamW's 2 moments
@@ -1080,9 +1080,11 @@ def find_resume_checkpoint(identity: dict) -> Path | None:
         path = Path(RESUME)
         if (problem := run_record.damage(path)) is not None:
             raise InputError(f"RESUME={RESUME!r} is not an intact checkpoint folder: {problem}")
-    saved = json.loads((path / "run.json").read_text())["identity"]
-    changes = run_record.differences(saved, identity)
-    fixed = [c for c in changes if c.split(":")[0] in run_record.STRUCTURAL]
+    saved = json.loads((path / "run.json").read_text())
+    changes = run_record.differences(saved["identity"], identity)
+    if saved.get("progress", {}).get("step_in_epoch"):  # mid-epoch: a new shuffle would repeat and skip rows
+        changes = [f"{c} (mid-epoch: cannot change)" if c.startswith("SEED:") else c for c in changes]
+    fixed = [c for c in changes if c.split(":")[0] in run_record.STRUCTURAL or c.endswith("cannot change)")]
     if fixed or (changes and not RESUME_ALLOW_CHANGES):
         allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
         raise InputError(

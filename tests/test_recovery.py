@@ -502,6 +502,11 @@ CHANGED = {
     "data-content": (None, "data_sha256: checkpoint", True),
     "lora-r": ({"LORA_R": "8", "RESUME_ALLOW_CHANGES": "1"}, "LORA_R: checkpoint 16, now 8", False),
     "batch-shape": ({"ACCUM_STEPS": "1"}, "samples_per_rank_step: checkpoint 4, now 2", False),
+    "seed-mid-epoch": (
+        {"SEED": "7", "RESUME_ALLOW_CHANGES": "1"},
+        "SEED: checkpoint 1234, now 7 (mid-epoch: cannot change)",
+        False,
+    ),
 }
 
 
@@ -510,6 +515,9 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     overrides, listed, allowable = CHANGED[case]
     out = tmp_path / "out"
     copy_checkpoints(reference, out)  # newer than anything this run wrote: RESUME=auto finds it first
+    step = 4 if case == "seed-mid-epoch" else 6  # step 4 is mid-epoch 1, step 6 an epoch end
+    if case == "seed-mid-epoch":
+        shutil.rmtree(out / "checkpoints" / "step-00000006")
     if overrides is None:
         overrides = {"DATA_PATH": str(shuffled_copy(Path(data["DATA_PATH"]), tmp_path / "train.jsonl"))}
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, **overrides), timeout=120)
@@ -518,7 +526,7 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     # rank to exit makes torchrun kill the other, which may not have printed yet)
     lines = [ln.split("] ", 1)[1] for ln in run.output.splitlines() if re.match(r"\[rank [01]\] error: ", ln)]
     assert lines and len(set(lines)) == 1, run.output[-3000:]
-    assert "checkpoints/step-00000006 was written by another run (" in lines[0] and listed in lines[0], lines[0]
+    assert f"checkpoints/step-{step:08d} was written by another run (" in lines[0] and listed in lines[0], lines[0]
     assert ("RESUME_ALLOW_CHANGES=1" in lines[0]) == allowable
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
     # torchrun's last screen names the cause too (the worker's error file), not error_file: <N/A>
