@@ -1,4 +1,5 @@
-"""Process lifetimes: DataLoader workers that live and die with their rank; a launched job ended whole.
+"""Guards around the job: the error for bad input; DataLoader workers that live and die with their rank;
+a launched job ended whole.
 
 At preemption torchrun (and a cluster's scheduler) sends SIGTERM to the rank's whole process group,
 its DataLoader workers included. A worker killed then fails the step that the rank is finishing for
@@ -25,6 +26,10 @@ import threading
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class InputError(Exception):
+    """Bad configuration or data. Raised identically on every rank before any collective."""
 
 
 def loader_worker_init(rank_pid: int):
