@@ -1,5 +1,4 @@
-"""Guards around the job: the error for bad input; DataLoader workers that live and die with their rank;
-a launched job ended whole.
+"""Process lifetimes: DataLoader workers that live and die with their rank; a launched job ended whole.
 
 At preemption torchrun (and a cluster's scheduler) sends SIGTERM to the rank's whole process group,
 its DataLoader workers included. A worker killed then fails the step that the rank is finishing for
@@ -26,10 +25,6 @@ import threading
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-class InputError(Exception):
-    """Bad configuration or data. Raised identically on every rank before any collective."""
 
 
 def loader_worker_init(rank_pid: int):

@@ -191,20 +191,19 @@ def main(argv=None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    import chat_data
     import memory_budget
     import train_ddp as T
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     T.check_settings()
     T.plan_settings()
-    conversations = chat_data.load_conversations(T.DATA_PATH)
+    conversations = T.load_conversations(T.DATA_PATH)
     tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
-    rows = [chat_data.tokenize_conversation(tokenizer, c, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS) for c in sample]
+    rows = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS) for c in sample]
     tokens = [len(r["input_ids"]) for r in rows]
-    group_keys = chat_data.ChatDataset(sample, tokenizer, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS).lengths
+    group_keys = T.ChatDataset(sample, tokenizer, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS).lengths
     lengths = sorted(tokens)
     targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
     by_length = sorted(rows, key=lambda r: len(r["input_ids"]))

@@ -100,13 +100,6 @@ def nonzero_lora_b(model):
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
-
-
-@pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     return TINY_MODEL
 

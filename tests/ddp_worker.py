@@ -23,7 +23,6 @@ from conftest import nonzero_lora_b  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import chat_data  # noqa: E402
 import train_ddp as T  # noqa: E402
 from collate import PadCollate  # noqa: E402
 
@@ -42,7 +41,7 @@ def build(seed: int = 0):
 def micro_batches_for(tokenizer, conversations, rank, world):
     """Rank r gets micro-batches r, r+world, ...: 2 samples each, of unequal lengths."""
     collate = PadCollate(tokenizer.pad_token_id)
-    examples = [chat_data.tokenize_conversation(tokenizer, c, T.MAX_LEN, True) for c in conversations]
+    examples = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, True) for c in conversations]
     chunks = [examples[i : i + 2] for i in range(0, len(examples), 2)]
     return [collate(c) for c in chunks[rank::world]], collate(examples)
 
@@ -50,7 +49,7 @@ def micro_batches_for(tokenizer, conversations, rank, world):
 def grad_equivalence(out: Path):
     rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer, peft_model = build()
-    conversations = chat_data.load_conversations(T.DATA_PATH)[: 2 * ACCUM * world]
+    conversations = T.load_conversations(T.DATA_PATH)[: 2 * ACCUM * world]
     mine, everything = micro_batches_for(tokenizer, conversations, rank, world)
 
     reduced = {"calls": 0, "elements": 0}
@@ -108,7 +107,7 @@ def save_and_reload(out: Path):
     original_save = peft_model.save_pretrained
     peft_model.save_pretrained = lambda *a, **k: (writers.append(rank), original_save(*a, **k))[1]
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
-    mine, _ = micro_batches_for(tokenizer, chat_data.load_conversations(T.DATA_PATH)[:8], rank, dist.get_world_size())
+    mine, _ = micro_batches_for(tokenizer, T.load_conversations(T.DATA_PATH)[:8], rank, dist.get_world_size())
     for _ in range(2):
         T.forward_backward(model, mine, torch.device("cpu"))
         optimizer.step()

@@ -10,17 +10,13 @@ import torch
 from conftest import ROOT, SAMPLE_DATA, nonzero_lora_b
 
 import attention
-import chat_data
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
 
 
 def right_padded_batch(tokenizer, lengths):
     """Rows of the sample data cut to `lengths` tokens, right-padded by the trainer's collate."""
-    rows = [
-        chat_data.tokenize_conversation(tokenizer, r, 2048, True)
-        for r in chat_data.load_conversations(str(SAMPLE_DATA))
-    ]
+    rows = [T.tokenize_conversation(tokenizer, r, 2048, True) for r in T.load_conversations(str(SAMPLE_DATA))]
     rows = sorted(rows, key=lambda r: -len(r["input_ids"]))[: len(lengths)]
     return PadCollate(tokenizer.pad_token_id, 1)(
         [{k: v[:n] for k, v in r.items()} for r, n in zip(rows, lengths, strict=True)]
@@ -58,6 +54,13 @@ def tiny_model(tokenizer):
             str(ROOT / "assets" / "tiny-gemma4"), attn_implementation=attention.register("sdpa")
         )
     ).train()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(T.MODEL_ID)
 
 
 @pytest.fixture

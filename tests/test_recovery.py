@@ -24,11 +24,9 @@ import torch
 from conftest import BACKENDS, ROOT, SAMPLE_DATA, TWO_GPUS, free_port, kill_tree, launch_env, torchrun
 from safetensors.torch import load_file
 
-import chat_data
 import run_record
 import train_ddp as T
 from collate import PadCollate
-from guards import InputError
 
 # 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
 # Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
@@ -297,7 +295,7 @@ def test_resume_picks_the_newest_intact_checkpoint(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(T, "RESUME", "")
     assert T.find_resume_checkpoint(identity) is None
     monkeypatch.setattr(T, "RESUME", str(ckpts / "step-00000007"))
-    with pytest.raises(InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
+    with pytest.raises(T.InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
         T.find_resume_checkpoint(identity)
 
 
@@ -338,8 +336,8 @@ def test_distributed_eval_equals_single_process_eval_of_the_whole_file(data, ref
     tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
     peft_model = T.add_lora(T.load_model(torch.device("cpu")))
     set_peft_model_state_dict(peft_model, adapter(reference))
-    rows = chat_data.load_conversations(data["EVAL_PATH"])
-    batch = PadCollate(tokenizer.pad_token_id)([chat_data.tokenize_conversation(tokenizer, r, 128, True) for r in rows])
+    rows = T.load_conversations(data["EVAL_PATH"])
+    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 128, True) for r in rows])
     with torch.no_grad():
         loss_sum, n_targets = T.CausalLMLoss(peft_model).eval()(**batch)  # all 7 examples, one process
     assert evals[-1]["eval_targets"] == int(n_targets)  # each example counted exactly once

@@ -10,9 +10,15 @@ import pytest
 import torch
 from conftest import BACKENDS, ROOT, SAMPLE_DATA, free_port, kill_tree, nonzero_lora_b, torchrun
 
-import chat_data
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(T.MODEL_ID)
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +37,53 @@ def sample_rows(n):
 
 
 # ---------------------------------------------------------------- data
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "One?"},
+            {"role": "assistant", "content": "Yes one."},
+            {"role": "user", "content": "Two?"},
+            {"role": "assistant", "content": "Two indeed."},
+        ],
+        [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b c"},
+            {"role": "user", "content": "d"},
+            {"role": "assistant", "content": "e f g"},
+            {"role": "user", "content": "h"},
+            {"role": "assistant", "content": "i"},
+        ],
+    ],
+    ids=["single-turn", "system+multi-turn", "three-turns"],
+)
+def test_targets_are_exactly_the_assistant_turns(tokenizer, messages):
+    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
+    ids, labels = ex["input_ids"], ex["labels"]
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # <bos> once
+    spans, current = [], []
+    for i, lab in zip(ids, labels, strict=True):
+        if lab == IGNORE_INDEX:
+            if current:
+                spans.append(current)
+            current = []
+        else:
+            assert lab == i
+            current.append(i)
+    spans += [current] if current else []
+    expected = [m["content"] + "<turn|>" for m in messages if m["role"] == "assistant"]
+    assert [tokenizer.decode(s) for s in spans] == expected
+
+
+def test_without_assistant_only_every_token_is_a_target(tokenizer):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=False)
+    assert ex["labels"] == ex["input_ids"]
+    assert len(T.tokenize_conversation(tokenizer, messages, max_len=5, assistant_only=True)["input_ids"]) == 5
+
+
 @pytest.mark.parametrize("n_samples", [13, 27, 37, 96])
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_rank_runs_the_same_number_of_steps(monkeypatch, n_samples, world):
@@ -65,8 +118,8 @@ def test_adapters_only_on_the_text_decoder(tiny_lora_model):
 
 
 def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_model):
-    rows = chat_data.load_conversations(str(SAMPLE_DATA))[:3]
-    batch = PadCollate(tokenizer.pad_token_id)([chat_data.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
+    rows = T.load_conversations(str(SAMPLE_DATA))[:3]
+    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
     module = T.CausalLMLoss(tiny_lora_model).eval()
     results = []
     for chunk in (0, 7):
@@ -93,11 +146,7 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, to
     (zero gradients on every adapter), or that rank would crash while the others wait in the all-reduce."""
     monkeypatch.setattr(T, "CE_CHUNK_TOKENS", 64)
     ids = torch.tensor(
-        [
-            chat_data.tokenize_conversation(tokenizer, chat_data.load_conversations(str(SAMPLE_DATA))[0], 32, True)[
-                "input_ids"
-            ]
-        ]
+        [T.tokenize_conversation(tokenizer, T.load_conversations(str(SAMPLE_DATA))[0], 32, True)["input_ids"]]
     )
     tiny_lora_model.zero_grad(set_to_none=True)
     loss, n = T.CausalLMLoss(tiny_lora_model)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
@@ -309,9 +358,9 @@ def loss_and_grads(monkeypatch, tokenizer, bf16: bool = False, **constants):
         **constants,
     }.items():
         monkeypatch.setattr(T, name, value)
-    rows = chat_data.load_conversations(str(SAMPLE_DATA))[3:6]
+    rows = T.load_conversations(str(SAMPLE_DATA))[3:6]
     batch = PadCollate(tokenizer.pad_token_id, constants.get("PAD_TO_MULTIPLE", 1))(
-        [chat_data.tokenize_conversation(tokenizer, r, 512, True) for r in rows]
+        [T.tokenize_conversation(tokenizer, r, 512, True) for r in rows]
     )
     torch.manual_seed(0)
     base = T.load_model(torch.device("cpu"))
@@ -367,7 +416,7 @@ def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(mo
     monkeypatch.setattr(T, "MICRO_BATCH", 4)
     monkeypatch.setattr(T, "ACCUM_STEPS", 4)
     monkeypatch.setattr(T, "NUM_WORKERS", 0)
-    dataset = chat_data.ChatDataset(chat_data.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
+    dataset = T.ChatDataset(T.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
     window = T.MICRO_BATCH * T.ACCUM_STEPS
     collate = PadCollate(tokenizer.pad_token_id)
     index_loader = [
