@@ -1390,7 +1390,7 @@ def failures_reported(rank: int, world: int, lock):
         yield watchdog
     except InputError:
         watchdog.stop()
-        dist.destroy_process_group()
+        leave_process_group()
         raise
     except Exception as e:
         watchdog.stop()
@@ -1402,6 +1402,15 @@ def failures_reported(rank: int, world: int, lock):
         os._exit(1)  # the loaders' workers die with this process (guards.py)
     finally:
         watchdog.stop()  # also on KeyboardInterrupt and SystemExit
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """destroy_process_group(), on gloo after a pause. gloo's worker thread frees the last collectives'
+    tensors, which takes the GIL; freeing the process group (in DDP's destructor, GIL held) joins that
+    thread. Caught once in CI: both waited forever (torch 2.13). The pause lets the thread finish first."""
+    if dist.get_backend() == "gloo":
+        time.sleep(0.5)
     dist.destroy_process_group()
 
 
