@@ -381,12 +381,15 @@ class HangWatchdog(threading.Thread):
         except (RuntimeError, OSError):
             return {}
 
+    def stopped_beating(self, before: dict[int, int], now: dict[int, int]) -> list[int]:
+        """The peers whose beat did not grow from `before` to `now` (two heartbeats() readings)."""
+        return [r for r in now if now[r] == before.get(r) and r != self.rank]
+
     def peers_gone(self, window_s: float = 3.0) -> list[int]:
         """The peers whose beat did not grow over `window_s` (a beat comes every 2 s)."""
         before = self.heartbeats()
         time.sleep(window_s)
-        now = self.heartbeats()
-        return [r for r in now if now[r] == before.get(r) and r != self.rank]
+        return self.stopped_beating(before, self.heartbeats())
 
     def describe_failure(self) -> str:
         """After an exception: the last collective, if it waited long enough for every rank to post its
@@ -479,7 +482,7 @@ class GracefulStop:
         start, before = time.monotonic(), self.watchdog.heartbeats()
         while not self.at_boundary.wait(self.CHECK_S):
             now = self.watchdog.heartbeats()
-            gone = [r for r in now if now[r] == before.get(r) and r != self.watchdog.rank]
+            gone = self.watchdog.stopped_beating(before, now)
             if gone or time.monotonic() - start > self.GRACE_S:
                 why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
                 cause = self.watchdog.first_failure()
@@ -1015,7 +1018,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict) -> 
                 {"optimizer": optimizer.state_dict(), "progress": progress},
                 folder / "trainer_state.pt",
             )
-            (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
+            write_run_record(folder, run_config, progress)
 
         final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # adapter + AdamW's 2 moments
@@ -1027,7 +1030,12 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict) -> 
     return final
 
 
-def save_adapter(model: DDP, record: dict) -> Path:
+def write_run_record(folder: Path, run_config: dict, progress: dict) -> None:
+    """folder/run.json: the run's settings and identity, and how far it got (read by resume and reruns)."""
+    (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
+
+
+def save_adapter(model: DDP, run_config: dict, progress: dict) -> Path:
     """The final adapter as OUTPUT_DIR/adapter, loadable with PeftModel.from_pretrained, with the run's record
     (run.json: settings, identity, progress): what a rerun reads to know the run is complete."""
     final = Path(OUTPUT_DIR) / "adapter"
@@ -1035,7 +1043,7 @@ def save_adapter(model: DDP, record: dict) -> Path:
 
         def write(folder: Path) -> None:
             model.module.lm.save_pretrained(folder)
-            (folder / "run.json").write_text(json.dumps(record, indent=1, default=str))
+            write_run_record(folder, run_config, progress)
 
         publish_atomically(final, write, expected_bytes=adapter_bytes(model))
     dist.barrier()
@@ -1372,7 +1380,7 @@ def main() -> None:
         if eval_set is not None and not (EVAL_EVERY and progress["step"] % EVAL_EVERY == 0):  # else just done
             log.eval(progress["step"], evaluate(model, eval_set, collate, device), final=True)
         checksum = check_replicas_identical(model.module, progress["step"])
-        path = save_adapter(model, {**run_config, "progress": progress})
+        path = save_adapter(model, run_config, progress)
         say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
         say_where_everything_is(path)
 
