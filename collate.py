@@ -1,10 +1,12 @@
-"""Padding collation for causal-LM fine-tuning.
+"""How samples become micro-batches: their order within an optimizer step, and padding.
 
+StepOrder groups similar lengths within each optimizer step of a rank's DistributedSampler order.
 PadCollate is a top-level class on purpose: DataLoader workers started with spawn or forkserver
 pickle the collate_fn, and a closure or lambda can't be pickled ("Can't get local object ...").
 """
 
 import torch
+from torch.utils.data import DistributedSampler, Sampler
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips
 
@@ -36,3 +38,28 @@ class PadCollate:
             labels[row, :n] = torch.as_tensor(ex["labels"], dtype=torch.long)
             attention_mask[row, :n] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class StepOrder(Sampler):
+    """A rank's DistributedSampler order, without its first `skip` indices (resuming mid-epoch).
+
+    With `lengths`, each window of `window` samples (one optimizer step of this rank) is sorted by
+    length: similar lengths share a micro-batch (less padding), while the samples of every optimizer
+    step, and so the update, stay exactly those of the shuffled order.
+    """
+
+    def __init__(self, sampler: DistributedSampler, skip: int, lengths: list[int] | None = None, window: int = 1):
+        self.sampler, self.skip, self.lengths, self.window = sampler, skip, lengths, window
+
+    def __iter__(self):
+        order = list(self.sampler)
+        if self.lengths is not None:
+            order = [
+                i
+                for start in range(0, len(order), self.window)
+                for i in sorted(order[start : start + self.window], key=lambda i: -self.lengths[i])
+            ]
+        return iter(order[self.skip :])
+
+    def __len__(self):
+        return len(self.sampler) - self.skip

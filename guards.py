@@ -1,4 +1,13 @@
-"""Process lifetimes: DataLoader workers that live and die with their rank; a launched job ended whole.
+"""Guards around the training job: what keeps a failure from becoming a hang or a lost run.
+
+- InputError / OutputDirError: bad input, an OUTPUT_DIR that cannot be written: one line, not a traceback.
+- HangWatchdog: a collective stuck past the timeout ends the rank with a report (on NCCL too, where the
+  wait is on the GPU); it beats in the rendezvous store, so peers can tell a dead process from a slow one.
+- GracefulStop: SIGTERM, Ctrl-C or a lost launcher finish the step, checkpoint and exit 0.
+- failures_reported(): around everything after the process group exists: any failure is reported with the
+  step, the stuck collective and the first cause any rank posted; the rank then leaves, bounded.
+- check_replicas_identical(): the drift check, an all-gather of every rank's adapter checksum.
+- DataLoader workers that live and die with their rank; a launched job ended whole (kill_tree).
 
 At preemption torchrun (and a cluster's scheduler) sends SIGTERM to the rank's whole process group,
 its DataLoader workers included. A worker killed then fails the step that the rank is finishing for
@@ -17,14 +26,371 @@ from its rank alone:
 import contextlib
 import ctypes
 import functools
+import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+import traceback
+from datetime import timedelta
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class InputError(Exception):
+    """Bad configuration or data. Raised identically on every rank before any collective."""
+
+
+class OutputDirError(RuntimeError):
+    """OUTPUT_DIR could not be written (full, read-only, vanished): reported in one line, not a traceback."""
+
+
+def output_dir_problem(e: BaseException, output_dir: str) -> str | None:
+    """The one line for a failure to write `output_dir` (a save, the metrics, a trace), else None."""
+    if isinstance(e, OutputDirError):
+        return str(e)
+    out = Path(output_dir).resolve()
+    if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
+        return f"OUTPUT_DIR {out} cannot be written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
+    return None
+
+
+def record_for_torchrun(error: BaseException) -> None:
+    """torchrun's failure summary then shows this error as the root cause, instead of error_file: <N/A>."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    ErrorHandler().record_exception(error)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stuck collectives, dead peers, a lost launcher
+class StepPosition:
+    """Where the training loop is, for every report: the optimizer step under way and the last completed one."""
+
+    def __init__(self):
+        self.current = self.completed = 0
+
+    def __str__(self) -> str:
+        step, done = self.current, self.completed
+        where = f"in optimizer step {step}" if step != done else f"after optimizer step {done}"
+        return f"{where}; last completed step: {done}"
+
+
+def flight_recorder(json_format: bool = True, **kwargs):
+    """This rank's flight recorder dump: NCCL's recorder on GPUs, the generic one (gloo) on CPU."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    names = ["_dump_nccl_trace", "_dump_fr_trace"] if torch.cuda.is_available() else ["_dump_fr_trace"]
+    names = [n + ("_json" if json_format else "") for n in names]
+    return getattr(c10d, next(n for n in names if hasattr(c10d, n)))(**kwargs)
+
+
+class HangWatchdog(threading.Thread):
+    """Ends this rank with a short report when a collective has waited longer than the timeout.
+
+    gloo raises inside a stuck collective, on the main thread, which reports it. NCCL does not: the
+    wait happens on the GPU, and NCCL's own watchdog thread ends the process with a SIGABRT and pages
+    of C++ frames, a minute or more after the timeout. This thread reads the flight recorder every
+    2 s: a collective pending longer than the timeout (on gloo 5 s more: its own error comes first)
+    ends the rank with the report. It also posts how many collectives this rank has entered to the
+    rendezvous store (plain TCP), so a report can name the ranks that never joined, and beats there, so
+    peers can tell that this process still lives. When the store stops answering, the launcher that
+    holds it is gone: `stop` is asked to end the job after this step, with a checkpoint.
+    """
+
+    def __init__(self, rank: int, world: int, timeout_s: float, stop: "GracefulStop"):
+        import torch
+        import torch.distributed as dist
+
+        super().__init__(daemon=True, name="hang-watchdog")
+        self.rank, self.world, self.timeout_s, self.stop_request = rank, world, timeout_s, stop
+        self.position = StepPosition()
+        self.grace_s = 0 if torch.cuda.is_available() else 5
+        attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        client = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+        )
+        self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
+        self.stopped = threading.Event()
+        self.posted = None
+
+    def state(self, only_pending: bool = True) -> tuple[list[dict], int]:
+        """(collectives in the flight recorder, oldest first; number of the last one this rank entered)."""
+        trace = json.loads(flight_recorder(includeCollectives=True, onlyActive=only_pending))
+        entries = sorted(
+            (e for e in trace.get("entries", []) if not (only_pending and e.get("retired"))),
+            key=lambda e: e["collective_seq_id"],
+        )
+        entered = max((int(s["last_enqueued_collective"]) for s in trace.get("pg_status", {}).values()), default=0)
+        return entries, entered
+
+    def run(self) -> None:
+        launcher_gone = False
+        while not self.stopped.wait(2.0):
+            pending, entered = self.state()
+            try:
+                if not launcher_gone:
+                    self.store.add(f"beats/{self.rank}", 1)
+                    if entered != self.posted:
+                        self.store.set(f"entered/{self.rank}", str(entered))
+                        self.posted = entered
+            except (RuntimeError, OSError) as e:  # the store lives in torchrun's agent: the launcher is gone
+                launcher_gone = True
+                self.stop_request.request("the loss of the launcher")
+                self.say(
+                    f"the launcher is gone (its store does not answer: {type(e).__name__}): "
+                    f"stopping after this step with a checkpoint ({self.position})"
+                )
+            if pending and time.time_ns() - pending[0]["time_created_ns"] > (self.timeout_s + self.grace_s) * 1e9:
+                main = sys._current_frames().get(threading.main_thread().ident)
+                here = Path(__file__).parent  # the project's own frames: where the loop waits
+                calls = [
+                    f"{f.name} (line {f.lineno})"
+                    for f in traceback.extract_stack(main)
+                    if Path(f.filename).parent == here
+                ]
+                report = f"collective timeout {self.position}: {self.describe(pending[0])}"
+                cause = self.first_failure()
+                self.say(
+                    f"{report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}"
+                    + (f"\n[rank {self.rank}] {cause}" if cause else "")
+                )
+                record_for_torchrun(TimeoutError(report))
+                os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
+
+    def say(self, text: str) -> None:
+        print(f"[rank {self.rank}] {text}", file=sys.stderr, flush=True)
+
+    def post_failure(self, line: str) -> None:
+        """Tell the peers why this rank is ending (they print it: the root cause appears on every rank)."""
+        with contextlib.suppress(RuntimeError, OSError):  # the store's host may be gone too
+            self.store.set(f"failure/{self.store.add('failures', 1)}", f"rank {self.rank} failed: {line}")
+
+    def first_failure(self) -> str:
+        """The first failure any rank posted ("" if none did): what the others' errors follow from."""
+        with contextlib.suppress(RuntimeError, OSError):
+            if self.store.add("failures", 0):
+                return self.store.get("failure/1").decode()
+        return ""
+
+    def heartbeats(self) -> dict[int, int]:
+        """Every rank's beat count: one that stops growing belongs to a process that is gone. ({} when the store
+        does not answer: the launcher, which holds it, is gone, and with it what tells a dead peer.)"""
+        try:
+            return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
+        except (RuntimeError, OSError):
+            return {}
+
+    def stopped_beating(self, before: dict[int, int], now: dict[int, int]) -> list[int]:
+        """The peers whose beat did not grow from `before` to `now` (two heartbeats() readings)."""
+        return [r for r in now if now[r] == before.get(r) and r != self.rank]
+
+    def peers_gone(self, window_s: float = 3.0) -> list[int]:
+        """The peers whose beat did not grow over `window_s` (a beat comes every 2 s)."""
+        before = self.heartbeats()
+        time.sleep(window_s)
+        return self.stopped_beating(before, self.heartbeats())
+
+    def describe_failure(self) -> str:
+        """After an exception: the last collective, if it waited long enough for every rank to post its
+        count (a few seconds) and some rank never entered it; else ""."""
+        entries, _ = self.state(only_pending=False)
+        if not entries or time.time_ns() - entries[-1]["time_created_ns"] < 5e9:
+            return ""
+        return self.describe(entries[-1]) if self.ranks_behind(entries[-1]["collective_seq_id"]) else ""
+
+    def ranks_behind(self, seq: int) -> list[int] | str:
+        """The ranks whose last posted collective number is below `seq`: they never entered it."""
+        try:
+            posted = {
+                r: int(self.store.get(f"entered/{r}")) for r in range(self.world) if self.store.check([f"entered/{r}"])
+            }
+        except (RuntimeError, OSError) as err:  # the store's host is gone too
+            return f"unknown ({type(err).__name__})"
+        return [r for r in range(self.world) if posted.get(r, 0) < seq]
+
+    def describe(self, e: dict) -> str:
+        """One collective, the ranks that never entered it and where this rank's flight recorder is."""
+        seq, age = e["collective_seq_id"], (time.time_ns() - e["time_created_ns"]) / 1e9
+        with contextlib.suppress(RuntimeError, OSError):  # the store's host may be gone too
+            self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
+        dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
+        try:  # NCCL's own dump would come only at its backstop
+            dump.write_bytes(flight_recorder(json_format=False))
+        except OSError:  # OUTPUT_DIR unwritable: the report must still come
+            dump = Path(tempfile.gettempdir()) / f"{dump.name}_{os.getpid()}"
+            dump.write_bytes(flight_recorder(json_format=False))
+        missing = self.ranks_behind(seq) or "none (all entered it; one is stuck inside it)"
+        return (
+            f"{e['profiling_name']} #{seq} (sizes {e['input_sizes']}, issued {age:.0f} s ago); ranks that never "
+            f"entered it: {missing}; flight recorder dump: {dump} (a pickle of this rank's last collectives)"
+        )
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class GracefulStop:
+    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C or a lost launcher (HangWatchdog): every
+    rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.
+
+    A Python signal handler runs only when the main thread returns to Python, which a rank blocked in
+    a collective (on NCCL, on the GPU) never does. So the signal is read from the interpreter's wakeup
+    pipe by a thread of its own. torchrun also sends SIGTERM to the survivors when a worker died; they
+    wait on the dead peer and never reach the end of the step: a signalled rank checks every 5 s, and
+    a peer that stopped beating (HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun
+    SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
+    (a cluster signals every process, torchrun its workers again) change nothing.
+    """
+
+    GRACE_S, CHECK_S = 25.0, 5.0
+
+    def __init__(self):
+        self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the job stops at the end of this step (None: it does not)."""
+        return self.signal.name if self.signal else self.requested
+
+    def request(self, reason: str) -> None:
+        """Stop at the end of this step with a checkpoint, as on SIGTERM (every rank learns it in the step's
+        last all-reduce)."""
+        self.requested = self.requested or reason
+
+    def install(self, watchdog: HangWatchdog) -> None:
+        self.watchdog = watchdog
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)  # written by the C handler, at once
+        threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
+
+    def _watch(self, read_end: int) -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]  # every signal with a Python handler (DataLoader's SIGCHLD too)
+            if signum not in (signal.SIGTERM, signal.SIGINT):
+                continue
+            if self.signal is None:
+                self.signal = signal.Signals(signum)
+                threading.Thread(target=self._exit_if_stuck, daemon=True).start()
+            elif signum == signal.SIGINT:
+                os._exit(128 + signum)
+
+    def _exit_if_stuck(self) -> None:
+        start, before = time.monotonic(), self.watchdog.heartbeats()
+        while not self.at_boundary.wait(self.CHECK_S):
+            now = self.watchdog.heartbeats()
+            gone = self.watchdog.stopped_beating(before, now)
+            if gone or time.monotonic() - start > self.GRACE_S:
+                why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
+                cause = self.watchdog.first_failure()
+                self.watchdog.say(
+                    f"{self.signal.name}: {why} ({self.watchdog.position}); exiting without a checkpoint"
+                    + (f"\n[rank {self.watchdog.rank}] {cause}" if cause else "")
+                )
+                os._exit(128 + self.signal.value)
+            before = now
+
+
+@contextlib.contextmanager
+def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
+    """Around everything after the process group exists, with `watchdog` running for stuck collectives: an
+    InputError shuts the rank down cleanly (where it is raised on one rank only, e.g. a chat template that is
+    not prefix-stable for one row, the peers' next collective times out with a report); any other failure (a
+    timed-out collective, a dead peer, a guard) is reported with where this rank was, and the rank leaves
+    without destroy_process_group(), which can block after a failed collective."""
+    watchdog.start()
+    try:
+        yield watchdog
+    except InputError:
+        watchdog.stop()
+        leave_process_group()
+        raise
+    except Exception as e:
+        watchdog.stop()
+        print(failure_report(e, watchdog, output_dir), file=sys.stderr, flush=True)
+        record_for_torchrun(e)  # after the report: a peer that died first stays torchrun's root cause
+        sys.stdout.flush()
+        if lock:
+            lock.release()
+        os._exit(1)  # the loaders' workers die with this process (bind_worker_to_rank)
+    finally:
+        watchdog.stop()  # also on KeyboardInterrupt and SystemExit
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """destroy_process_group(), on gloo after a pause. gloo's worker thread frees the last collectives'
+    tensors, which takes the GIL; freeing the process group (in DDP's destructor, GIL held) joins that
+    thread. Caught once in CI: both waited forever (torch 2.13). The pause lets the thread finish first."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "gloo":
+        time.sleep(0.5)
+    dist.destroy_process_group()
+
+
+def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str) -> str:
+    """What a failed rank prints: one line for an OUTPUT_DIR that cannot be written; else the traceback, the
+    collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
+    cause another rank posted is added here."""
+    rank = watchdog.rank
+    if line := output_dir_problem(e, output_dir):  # the user's environment, not a bug: one line says it all
+        report = f"[rank {rank}] error: {line} ({watchdog.position})\n"
+    else:
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        report = f"[rank {rank}] failed {watchdog.position}\n{traceback.format_exc()}"
+        if stuck := watchdog.describe_failure():
+            report += f"[rank {rank}] stuck in {stuck}\n"
+        if "gloo/transport" in line and (gone := watchdog.peers_gone()):  # a peer's connection broke: which?
+            line = f"rank(s) {gone} stopped beating: the process is gone"
+            report += f"[rank {rank}] {line}\n"
+    watchdog.post_failure(line)
+    cause = watchdog.first_failure()  # this rank's own, or a peer's that came first
+    if cause and not cause.startswith(f"rank {rank} "):
+        report += f"[rank {rank}] {cause}\n"
+    return report.rstrip()
+
+
+# ----------------------------------------------------------------------------------------------
+# Replica drift: every rank must hold bit-identical adapters
+def adapter_checksum(model) -> str:
+    """SHA-256 of every trainable tensor's bytes, in name order: equal only if bit-identical."""
+    h = hashlib.sha256()
+    for name, p in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_replicas_identical(model, step: int) -> str:
+    """All-gather the adapter checksum; stop every rank with the same error if any replica differs."""
+    import torch.distributed as dist
+
+    mine = adapter_checksum(model)
+    sums = [None] * dist.get_world_size()
+    dist.all_gather_object(sums, mine)
+    if len(set(sums)) > 1:
+        # Name the ranks outside the largest agreeing group (ties: rank 0's group), not "all but rank 0".
+        majority = max(set(sums), key=lambda s: (sums.count(s), s == sums[0]))
+        differing = [r for r, s in enumerate(sums) if s != majority]
+        raise RuntimeError(
+            f"replica drift at step {step}: adapter weights on rank(s) {differing} differ from "
+            f"the other ranks' (checksums by rank: {sums})"
+        )
+    return mine
+
+
+# ----------------------------------------------------------------------------------------------
+# DataLoader workers that live and die with their rank
 
 
 def loader_worker_init(rank_pid: int):

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GB, GiB = 1e9, 2**30
+# train_ddp.py's LORA_TARGETS, spelled once: the text decoder's linear layers. PEFT full-matches it against
+# module names. "all-linear" would also hit the vision/audio embedders, which a text batch never uses: a
+# DDP error at step 2 (repro/02).
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 DTYPE_BYTES = {
     "F64": 8,
@@ -599,6 +602,68 @@ def plan_for_memory_target(
         f"no layout fits {target_gib} GiB per GPU at {seq_len} tokens: the smallest needs "
         f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs"
     )
+
+
+def layout_of(run) -> Layout:
+    """The layout a train_ddp.py run's settings describe (any object with its constant names)."""
+    return Layout(run.MICRO_BATCH, run.GRADIENT_CHECKPOINTING, run.CHECKPOINT_OFFLOAD, run.CE_CHUNK_TOKENS)
+
+
+def estimate_run(run, param_shapes: dict, text_config: dict, world_size: int, **kwargs) -> dict:
+    """estimate() for a train_ddp.py run's settings; kwargs override (seq_len: the longest padded batch)."""
+    return estimate(
+        param_shapes,
+        text_config,
+        layout_of(run),
+        **{
+            "seq_len": run.MAX_LEN,
+            "world_size": world_size,
+            "lora_r": run.LORA_R,
+            "targets": run.LORA_TARGETS,
+            "accum": run.ACCUM_STEPS,
+            "lora_dropout": run.LORA_DROPOUT,
+            "attention": run.ATTENTION_KERNEL,
+            **kwargs,
+        },
+    )
+
+
+def predicted_peak_gib(run, model, world_size: int, seq_len: int) -> float:
+    """The prediction of torch.cuda.max_memory_allocated() for a train_ddp.py run of `model` (its base model,
+    built) at `seq_len` tokens: what the trainer logs beside the real peak at step 3."""
+    return (
+        estimate_run(run, param_shapes_from_model(model), model.config.to_dict(), world_size, seq_len=seq_len)[
+            "peak_bytes"
+        ]
+        / GiB
+    )
+
+
+def plan_run(run, world_size: int) -> tuple[dict, str]:
+    """train_ddp.py's MEMORY_TARGET_GIB: ({constant: value} of the layout chosen for `run`, one line saying
+    its predicted peak). Raises ValueError when no layout fits."""
+    source = run.MODEL_CONFIG or run.MODEL_ID
+    plan = plan_for_memory_target(
+        param_shapes_from_path(source),
+        load_config(source),
+        run.MEMORY_TARGET_GIB,
+        seq_len=run.MAX_LEN,
+        samples_per_step=run.MICRO_BATCH * run.ACCUM_STEPS,
+        world_size=world_size,
+        lora_r=run.LORA_R,
+        targets=run.LORA_TARGETS,
+        lora_dropout=run.LORA_DROPOUT,
+        attention=run.ATTENTION_KERNEL,
+    )
+    layout = plan["layout"]
+    chosen = {
+        "MICRO_BATCH": layout.micro_batch,
+        "ACCUM_STEPS": plan["accum"],
+        "GRADIENT_CHECKPOINTING": layout.ckpt_every,
+        "CHECKPOINT_OFFLOAD": layout.offload,
+        "CE_CHUNK_TOKENS": layout.ce_chunk_tokens,
+    }
+    return chosen, f"MEMORY_TARGET_GIB={run.MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / GiB:.1f} GiB"
 
 
 # ---------------------------------------------------------------- report

@@ -4,17 +4,25 @@
   weights and data position mean, and what separates a checkpoint's run from this one.
 - `write_manifest()` / `damage()`: the size and SHA-256 of every file of a checkpoint, checked before
   anything is loaded, so a truncated or corrupted checkpoint is named instead of half-loaded.
+- `publish_atomically()`: a checkpoint or adapter folder appears whole or not at all; a failed save says
+  why (a full disk, with the space it needed) and keeps the previous one.
+- `checkpoint_to_resume()` / `finished()`: which checkpoint a run continues, and whether it is complete.
 - `OutputLock`: one job per OUTPUT_DIR; a lock left by a dead job is taken over.
 """
 
 import atexit
+import errno
 import hashlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
 from pathlib import Path
+
+from guards import InputError, OutputDirError
+from logs import say
 
 # Constants whose change makes a resumed run train differently from the run that wrote the checkpoint.
 TRAINING = (
@@ -57,16 +65,21 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def identity(settings: dict, world_size: int, samples_per_rank_step: int, data_path: str, model_config: dict) -> dict:
-    """The values a resumed run must share with the checkpoint's run. The data is identified by its
-    content (a copy elsewhere is the same data; a changed file at the same path is not), the model by
-    its name and its configuration (transformers' version field left out)."""
+def identity(run, world_size: int, model_config: dict | None = None) -> dict:
+    """The values a resumed train_ddp.py run (settings `run`) must share with the checkpoint's run. The data is
+    identified by its content (a copy elsewhere is the same data; a changed file at the same path is not), the
+    model by its name and its configuration (read from MODEL_CONFIG or MODEL_ID unless given; transformers'
+    version field left out)."""
+    if model_config is None:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(run.MODEL_CONFIG or run.MODEL_ID).to_dict()
     config = {k: v for k, v in model_config.items() if k != "transformers_version"}
     return {
-        **{name: settings[name] for name in TRAINING},
+        **{name: getattr(run, name) for name in TRAINING},
         "world_size": world_size,
-        "samples_per_rank_step": samples_per_rank_step,
-        "data_sha256": sha256_file(Path(data_path)),
+        "samples_per_rank_step": run.MICRO_BATCH * run.ACCUM_STEPS,
+        "data_sha256": sha256_file(Path(run.DATA_PATH)),
         "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
     }
 
@@ -103,6 +116,115 @@ def damage(folder: Path) -> str | None:
     return None
 
 
+def write(folder: Path, run_config: dict, progress: dict) -> None:
+    """folder/run.json: the run's settings and identity, and how far it got (read by resume and reruns)."""
+    (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
+
+
+def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
+    """Rank 0 only: write_into(folder) fills a temporary folder, which gets a manifest (size and SHA-256 of
+    every file), is fsynced and renamed into place: `final` is the previous complete version or the new
+    complete one, never a half-written one. A failed write removes the temporary folder and says why."""
+    tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_into(tmp)
+        write_manifest(tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as "basic_ios::clear: iostream error"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            free = shutil.disk_usage(final.parent).free
+        except OSError:  # the folder vanished
+            free = None
+        full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
+        cause = "no space left on the device" if full else str(e).splitlines()[0]
+        space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
+        kept = sorted(final.parent.glob(final.name.split("-")[0] + "*"))  # step-* or adapter: what survives
+        raise OutputDirError(
+            f"saving {final} failed: {cause} ({space}this save needs about {readable_size(expected_bytes)}); "
+            f"the temporary folder is removed"
+            + (f" and {kept[-1].name} kept" if kept else "; there is no earlier one to keep")
+        ) from e
+    shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
+    os.fsync(dir_fd)  # make the rename itself durable
+    os.close(dir_fd)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def readable_size(n_bytes: float) -> str:
+    """Bytes as a person reads them: 544 KiB, 1.2 MiB, 3.4 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:,.0f} {unit}" if unit in ("B", "KiB") else f"{n_bytes:,.1f} {unit}"
+        n_bytes /= 1024
+
+
+def finished(run, current: dict, total_steps: int) -> str | None:
+    """For a train_ddp.py run (its settings `run`, identity `current`) with RESUME=auto: None if it has steps
+    left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ from those it was
+    trained on (the run is complete all the same)."""
+    if run.RESUME != "auto":
+        return None
+    adapter = Path(run.OUTPUT_DIR) / "adapter"
+    if not (adapter / "run.json").is_file() or damage(adapter) is not None:
+        return None
+    saved = json.loads((adapter / "run.json").read_text())
+    changes = differences(saved["identity"], current)
+    data = [c for c in changes if c.startswith("data_sha256")]
+    if saved["progress"]["step"] < total_steps or len(changes) > len(data):
+        return None
+    return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
+
+
+def checkpoint_to_resume(run, current: dict) -> Path | None:
+    """The checkpoint a train_ddp.py run (settings `run`, identity `current`) continues: RESUME's path or, with
+    "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh
+    start. One written by another run (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES
+    allows the differences."""
+    resume = run.RESUME
+    if not resume:
+        return None
+    if resume == "auto":
+        found = sorted((Path(run.OUTPUT_DIR) / "checkpoints").glob("step-*"), reverse=True)  # .tmp-* never match
+        damaged = {path: damage(path) for path in found}
+        for path, problem in damaged.items():
+            if problem is None:
+                break
+            say(f"warning: skipping damaged checkpoint {path}: {problem}")
+        else:
+            if found:
+                raise InputError(
+                    f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
+                    f"move them away, or start fresh with RESUME=''"
+                )
+            return None
+    else:
+        path = Path(resume)
+        if (problem := damage(path)) is not None:
+            raise InputError(f"RESUME={resume!r} is not an intact checkpoint folder: {problem}")
+    saved = json.loads((path / "run.json").read_text())
+    changes = differences(saved["identity"], current)
+    if saved.get("progress", {}).get("step_in_epoch"):  # mid-epoch: a new shuffle would repeat and skip rows
+        changes = [f"{c} (mid-epoch: cannot change)" if c.startswith("SEED:") else c for c in changes]
+    fixed = [c for c in changes if c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)")]
+    if fixed or (changes and not run.RESUME_ALLOW_CHANGES):
+        allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
+        raise InputError(
+            f"{path} was written by another run ({'; '.join(changes)}): {allow}start fresh with "
+            f"RESUME='', or use another OUTPUT_DIR"
+        )
+    if changes:
+        say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
+    return path
+
+
 class OutputLock:
     """OUTPUT_DIR/.lock, held by the job's rank 0: host, pid and start time of the holder.
 
@@ -118,15 +240,15 @@ class OutputLock:
         self.released = threading.Event()
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
 
-    def acquire(self) -> None:
-        """Take the lock, or raise RuntimeError naming the job that holds it."""
+    def acquire(self) -> "OutputLock":
+        """Take the lock (returns it), or raise InputError naming the job that holds it."""
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self.holder()
                 if holder is not None and not self.is_stale(holder):
-                    raise RuntimeError(
+                    raise InputError(
                         f"{self.path.parent} is in use by another job (host {holder.get('host')}, "
                         f"pid {holder.get('pid')}, "
                         f"started {holder.get('started')}): use another OUTPUT_DIR, or stop that job. If it is dead on "
@@ -141,8 +263,8 @@ class OutputLock:
                 json.dump(self.me, f)
             atexit.register(self.release)
             threading.Thread(target=self._refresh, daemon=True, name="output-lock").start()
-            return
-        raise RuntimeError(f"could not take {self.path}: another job keeps taking it")
+            return self
+        raise InputError(f"could not take {self.path}: another job keeps taking it")
 
     def holder(self) -> dict | None:
         try:

@@ -52,23 +52,23 @@ def interpolate(points: dict[int, float], length: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (length - lo) / (hi - lo)
 
 
-def epoch_micro_batches(tokens: list[int], group_keys: list[int], rank: int, ranks: int, settings: dict) -> list[int]:
+def epoch_micro_batches(tokens: list[int], group_keys: list[int], rank: int, ranks: int, run) -> list[int]:
     """Padded length of each micro-batch `rank` runs in one epoch, cut as train_ddp.train_loader cuts it:
     its DistributedSampler shard, sorted within each optimizer step by `group_keys` (the trainer's
-    ChatDataset.lengths, characters) when GROUP_BY_LENGTH, a partial accumulation window dropped."""
+    ChatDataset.lengths, characters) when GROUP_BY_LENGTH, a partial accumulation window dropped.
+    `run`: train_ddp's settings (a train_ddp.Config)."""
     import torch.utils.data as data
 
-    import train_ddp as T
+    from collate import StepOrder
 
     sampler = data.DistributedSampler(
-        range(len(tokens)), num_replicas=ranks, rank=rank, shuffle=True, seed=settings["SEED"], drop_last=True
+        range(len(tokens)), num_replicas=ranks, rank=rank, shuffle=True, seed=run.SEED, drop_last=True
     )
-    micro, window = settings["MICRO_BATCH"], settings["MICRO_BATCH"] * settings["ACCUM_STEPS"]
-    order = list(T.StepOrder(sampler, 0, group_keys if settings["GROUP_BY_LENGTH"] else None, window))
+    micro, window = run.MICRO_BATCH, run.MICRO_BATCH * run.ACCUM_STEPS
+    order = list(StepOrder(sampler, 0, group_keys if run.GROUP_BY_LENGTH else None, window))
     order = order[: len(order) // window * window]
     return [
-        padded(max(tokens[i] for i in order[s : s + micro]), settings["PAD_TO_MULTIPLE"])
-        for s in range(0, len(order), micro)
+        padded(max(tokens[i] for i in order[s : s + micro]), run.PAD_TO_MULTIPLE) for s in range(0, len(order), micro)
     ]
 
 
@@ -76,7 +76,7 @@ def predict(
     measured: dict,
     tokens: list[int],
     group_keys: list[int],
-    settings: dict,
+    run,
     gpus_per_node: int,
     nodes: int,
     allreduce_s: float,
@@ -85,25 +85,23 @@ def predict(
     micro-batch by length, the optimizer step and the checkpoint save. Every rank runs its own lengths and
     the all-reduce at the end of each step waits for the slowest: a step takes its slowest rank's time."""
     ranks = gpus_per_node * nodes
-    accum = settings["ACCUM_STEPS"]
+    accum = run.ACCUM_STEPS
     per_rank = [
-        [interpolate(measured["micro_batch_s"], n) for n in epoch_micro_batches(tokens, group_keys, r, ranks, settings)]
+        [interpolate(measured["micro_batch_s"], n) for n in epoch_micro_batches(tokens, group_keys, r, ranks, run)]
         for r in range(ranks)
     ]
     steps = len(per_rank[0]) // accum
     if steps == 0:
-        raise ValueError(
-            f"{len(tokens)} rows make no optimizer step of {ranks} ranks x {settings['MICRO_BATCH']} x {accum}"
-        )
+        raise ValueError(f"{len(tokens)} rows make no optimizer step of {ranks} ranks x {run.MICRO_BATCH} x {accum}")
     step_s = [max(sum(times[s * accum : (s + 1) * accum]) for times in per_rank) for s in range(steps)]
     # DDP overlaps the all-reduce with the slowest rank's last backward; what sticks out is exposed
     last = [max(times[(s + 1) * accum - 1] for times in per_rank) for s in range(steps)]
     exposed = sum(max(0.0, allreduce_s - BACKWARD_SHARE * t) for t in last) if ranks > 1 else 0.0
-    every = settings["SAVE_EVERY"]
+    every = run.SAVE_EVERY
     saves = 1 + (sum(1 for s in range(1, steps) if s % every == 0) if every else 0)  # SAVE_EVERY, and the epoch end
     train_s = sum(step_s) + steps * measured["optimizer_s"] + exposed
     epoch_s = train_s + saves * measured["save_s"]
-    epochs = settings["EPOCHS"] if not settings["MAX_STEPS"] else min(settings["EPOCHS"], settings["MAX_STEPS"] / steps)
+    epochs = run.EPOCHS if not run.MAX_STEPS else min(run.EPOCHS, run.MAX_STEPS / steps)
     total_s = epochs * epoch_s
     return {
         "gpus_per_node": gpus_per_node,
@@ -118,24 +116,22 @@ def predict(
     }
 
 
-def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
-    """Seconds per micro-batch at each quantile row's length, the optimizer step, one save; peak GiB per length."""
+def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
+    """Seconds per micro-batch at each quantile row's length, the optimizer step, one save; peak GiB per length.
+    `run`: train_ddp's settings, planned (train_ddp.plan)."""
     import torch
     import torch.distributed as dist
 
     import train_ddp as T
     from collate import PadCollate
 
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.manual_seed(T.SEED)
-    peft_model = T.add_lora(T.load_model(device))
-    T.init_distributed(device)
-    model = T.wrap_ddp(peft_model, device)
+    torch.manual_seed(run.SEED)
+    peft_model = T.add_lora(T.load_model(run, device), run)
+    T.init_distributed(device, tempfile.gettempdir(), run.DIST_INIT_TIMEOUT_S)
+    model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS), device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=T.LR, fused=device.type == "cuda")
-    collate = PadCollate(tokenizer.pad_token_id, T.PAD_TO_MULTIPLE)
+    optimizer = torch.optim.AdamW(params, lr=run.LR, fused=device.type == "cuda")
+    collate = PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
     for p in params:  # the optimizer step alone (its state first, so that each length's peak includes it)
         p.grad = torch.zeros_like(p)  # zero gradients, no weight decay: the weights do not move
     optimizer.step()
@@ -146,7 +142,7 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
     optimizer.zero_grad(set_to_none=True)
     result = {"micro_batch_s": {}, "peak_gib": {}, "oom": [], "optimizer_s": optimizer_s}
     for name, row in quantile_rows.items():
-        batch = collate([row] * T.MICRO_BATCH)
+        batch = collate([row] * run.MICRO_BATCH)
         length = batch["input_ids"].shape[1]
         if result["oom"]:  # lengths ascend: a longer one fails too (and DDP's reducer is left mid-step)
             result["oom"].append(f"{name} ({length} tokens)")
@@ -157,20 +153,19 @@ def measure(tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
             for i in range(warmup + steps):
                 if i == warmup:
                     start = T.synchronized_clock(device)
-                T.forward_backward(model, [batch] * T.ACCUM_STEPS, device)
-                torch.nn.utils.clip_grad_norm_(params, T.GRAD_CLIP or math.inf)
+                T.forward_backward(model, [batch] * run.ACCUM_STEPS, device)
+                torch.nn.utils.clip_grad_norm_(params, run.GRAD_CLIP or math.inf)
                 optimizer.zero_grad(set_to_none=True)  # no update: the weights stay the same for every length
         except torch.OutOfMemoryError:
             result["oom"].append(f"{name} ({length} tokens)")
             continue
-        result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * T.ACCUM_STEPS)
+        result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * run.ACCUM_STEPS)
         if device.type == "cuda":
             result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
     optimizer.zero_grad(set_to_none=True)
     with tempfile.TemporaryDirectory() as out:
-        T.OUTPUT_DIR = out
         start = time.perf_counter()
-        T.save_checkpoint(model, optimizer, {"epoch": 0, "step": 1, "step_in_epoch": 1}, {})
+        T.save_checkpoint(model, optimizer, {"epoch": 0, "step": 1, "step_in_epoch": 1}, {}, out, keep=1)
         result["save_s"] = time.perf_counter() - start
     dist.destroy_process_group()
     return result
@@ -192,81 +187,59 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     import memory_budget
+    import settings
     import train_ddp as T
+    from chat_data import ChatDataset, load_conversations, tokenize_conversation
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
-    T.check_settings()
-    T.plan_settings()
-    conversations = T.load_conversations(T.DATA_PATH)
-    tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
+    device = T.rank_device(0)
+    run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
+    conversations = load_conversations(run.DATA_PATH)
+    tokenizer = AutoTokenizer.from_pretrained(run.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
-    rows = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS) for c in sample]
+    rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in sample]
     tokens = [len(r["input_ids"]) for r in rows]
-    group_keys = T.ChatDataset(sample, tokenizer, T.MAX_LEN, T.ASSISTANT_ONLY_LOSS).lengths
+    group_keys = ChatDataset(sample, tokenizer, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS).lengths
     lengths = sorted(tokens)
     targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
     by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
     quantile_rows = {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
-    measured = measure(tokenizer, quantile_rows, args.warmup, args.steps)
+    measured = measure(run, device, tokenizer, quantile_rows, args.warmup, args.steps)
     if not measured["micro_batch_s"]:
         raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     n = len(conversations)  # a sample stands for the whole file
     tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
-    settings = {
-        n: getattr(T, n)
-        for n in (
-            "SEED",
-            "MICRO_BATCH",
-            "ACCUM_STEPS",
-            "GROUP_BY_LENGTH",
-            "PAD_TO_MULTIPLE",
-            "SAVE_EVERY",
-            "EPOCHS",
-            "MAX_STEPS",
-        )
-    }
-    source = T.MODEL_CONFIG or T.MODEL_ID
+    source = run.MODEL_CONFIG or run.MODEL_ID
     shapes, config = memory_budget.param_shapes_from_path(source), memory_budget.load_config(source)
-    layout = T.current_layout()
     predictions = []
     for nodes in args.nodes:
         for gpus in args.gpus_per_node:
-            allreduce = memory_budget.estimate(
-                shapes,
-                config,
-                layout,
-                seq_len=T.MAX_LEN,
-                world_size=gpus * nodes,
-                lora_r=T.LORA_R,
-                targets=T.LORA_TARGETS,
-                bus_bw_gbps=args.bus_bw_gbps,
-            )["allreduce_seconds"]
+            world = gpus * nodes
+            allreduce = memory_budget.estimate_run(run, shapes, config, world, bus_bw_gbps=args.bus_bw_gbps)
+            allreduce = allreduce["allreduce_seconds"] if world > 1 else 0
             try:
-                predictions.append(
-                    predict(measured, tokens, group_keys, settings, gpus, nodes, allreduce if gpus * nodes > 1 else 0)
-                )
+                predictions.append(predict(measured, tokens, group_keys, run, gpus, nodes, allreduce))
             except ValueError as e:
-                raise SystemExit(f"{T.DATA_PATH}: {e}") from None
+                raise SystemExit(f"{run.DATA_PATH}: {e}") from None
 
-    machine = "times do NOT transfer to GPUs" if device == "cpu" else torch.cuda.get_device_name()
+    machine = "times do NOT transfer to GPUs" if device.type == "cpu" else torch.cuda.get_device_name()
     print(
-        f"time budget on {device} ({machine}) | {source} | {len(conversations):,} rows; lengths p10/p50/p90/max "
-        f"{'/'.join(str(quantile(lengths, q)) for q in QUANTILES.values())} tokens (MAX_LEN={T.MAX_LEN}); "
-        f"targets {100 * targets:.0f}% of tokens | micro-batch {T.MICRO_BATCH} x {T.ACCUM_STEPS} | "
-        f"ATTENTION_KERNEL={T.ATTENTION_KERNEL}"
+        f"time budget on {device.type} ({machine}) | {source} | {len(conversations):,} rows; lengths p10/p50/p90/max "
+        f"{'/'.join(str(quantile(lengths, q)) for q in QUANTILES.values())} tokens (MAX_LEN={run.MAX_LEN}); "
+        f"targets {100 * targets:.0f}% of tokens | micro-batch {run.MICRO_BATCH} x {run.ACCUM_STEPS} | "
+        f"ATTENTION_KERNEL={run.ATTENTION_KERNEL}"
     )
     print("measured, per micro-batch:\n| length | seconds | tokens/s per GPU | peak alloc GiB |\n|---|---|---|---|")
     for length, seconds in sorted(measured["micro_batch_s"].items()):
         peak = measured["peak_gib"].get(length)
         peak = f"{peak:.1f}" if peak else "n/a"
-        print(f"| {length} | {seconds:.3f} | {T.MICRO_BATCH * length / seconds:,.0f} | {peak} |")
+        print(f"| {length} | {seconds:.3f} | {run.MICRO_BATCH * length / seconds:,.0f} | {peak} |")
     for name in measured["oom"]:
         print(f"| {name} | out of memory: such batches would stop the run; lower MAX_LEN or MEMORY_TARGET_GIB |")
     print(f"optimizer step {measured['optimizer_s']:.3f} s, checkpoint save {measured['save_s']:.2f} s (measured)")
-    print(f"modelled, {settings['EPOCHS']} epoch(s):")
+    print(f"modelled, {run.EPOCHS} epoch(s):")
     print(
         "| nodes x GPUs | steps/epoch | step s | waiting for the slowest rank | exposed all-reduce | epoch | "
         "to completion | GPU-hours |"

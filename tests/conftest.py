@@ -99,6 +99,20 @@ def nonzero_lora_b(model):
     return model
 
 
+def cpu_config(**overrides):
+    """train_ddp's settings as a CPU run plans them (ATTENTION_KERNEL=auto resolves to sdpa), with `overrides`."""
+    import train_ddp as T
+
+    return T.Config(ATTENTION_KERNEL="sdpa", **overrides)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     return TINY_MODEL

@@ -23,25 +23,29 @@ from conftest import nonzero_lora_b  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+import chat_data  # noqa: E402
+import settings  # noqa: E402
 import train_ddp as T  # noqa: E402
 from collate import PadCollate  # noqa: E402
+from lm_loss import CausalLMLoss  # noqa: E402
 
 ACCUM = 2
+CFG = T.plan(*settings.read(T.Config, T.ALLOWED), 1, torch.device("cpu"))[0]
 
 
 def build(seed: int = 0):
     """The tiny Gemma 4 with adapters whose B matrices are non-zero (so every LoRA weight gets a gradient)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
+    tokenizer = AutoTokenizer.from_pretrained(CFG.MODEL_ID)
     torch.manual_seed(seed)
-    return tokenizer, nonzero_lora_b(T.add_lora(T.load_model(torch.device("cpu"))))
+    return tokenizer, nonzero_lora_b(T.add_lora(T.load_model(CFG, torch.device("cpu")), CFG))
 
 
 def micro_batches_for(tokenizer, conversations, rank, world):
     """Rank r gets micro-batches r, r+world, ...: 2 samples each, of unequal lengths."""
     collate = PadCollate(tokenizer.pad_token_id)
-    examples = [T.tokenize_conversation(tokenizer, c, T.MAX_LEN, True) for c in conversations]
+    examples = [chat_data.tokenize_conversation(tokenizer, c, CFG.MAX_LEN, True) for c in conversations]
     chunks = [examples[i : i + 2] for i in range(0, len(examples), 2)]
     return [collate(c) for c in chunks[rank::world]], collate(examples)
 
@@ -49,7 +53,7 @@ def micro_batches_for(tokenizer, conversations, rank, world):
 def grad_equivalence(out: Path):
     rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer, peft_model = build()
-    conversations = T.load_conversations(T.DATA_PATH)[: 2 * ACCUM * world]
+    conversations = chat_data.load_conversations(CFG.DATA_PATH)[: 2 * ACCUM * world]
     mine, everything = micro_batches_for(tokenizer, conversations, rank, world)
 
     reduced = {"calls": 0, "elements": 0}
@@ -59,7 +63,7 @@ def grad_equivalence(out: Path):
         reduced["elements"] += bucket.buffer().numel()
         return allreduce_hook(state, bucket)
 
-    model = DDP(T.CausalLMLoss(peft_model), gradient_as_bucket_view=True)
+    model = DDP(CausalLMLoss(peft_model, CFG.CE_CHUNK_TOKENS), gradient_as_bucket_view=True)
     model.register_comm_hook(None, counting_hook)
     T.forward_backward(model, mine[:1], torch.device("cpu"))  # warm-up step: DDP rebuilds buckets after it
     model.zero_grad(set_to_none=True)
@@ -70,7 +74,7 @@ def grad_equivalence(out: Path):
 
     # Reference: one process, no DDP, the whole global batch at once, global token-mean loss.
     _, reference_model = build()
-    loss, n = T.CausalLMLoss(reference_model)(**everything)
+    loss, n = CausalLMLoss(reference_model, CFG.CE_CHUNK_TOKENS)(**everything)
     (loss / n).backward()
     worst = 0.0  # largest error relative to the tensor's largest gradient: fp32 summation-order noise only
     for name, p in reference_model.named_parameters():
@@ -102,17 +106,17 @@ def save_and_reload(out: Path):
 
     rank = dist.get_rank()
     tokenizer, peft_model = build()
-    model = DDP(T.CausalLMLoss(peft_model), gradient_as_bucket_view=True)
+    model = DDP(CausalLMLoss(peft_model, CFG.CE_CHUNK_TOKENS), gradient_as_bucket_view=True)
     writers = []
     original_save = peft_model.save_pretrained
     peft_model.save_pretrained = lambda *a, **k: (writers.append(rank), original_save(*a, **k))[1]
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
-    mine, _ = micro_batches_for(tokenizer, T.load_conversations(T.DATA_PATH)[:8], rank, dist.get_world_size())
+    mine, _ = micro_batches_for(tokenizer, chat_data.load_conversations(CFG.DATA_PATH)[:8], rank, dist.get_world_size())
     for _ in range(2):
         T.forward_backward(model, mine, torch.device("cpu"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    path = T.save_adapter(model, {}, {"step": 2})
+    path = T.save_adapter(model, {}, {"step": 2}, CFG.OUTPUT_DIR)
     all_writers = [None] * dist.get_world_size()
     dist.all_gather_object(all_writers, writers)
     if rank == 0:
@@ -120,7 +124,7 @@ def save_and_reload(out: Path):
         peft_model.eval()
         with torch.no_grad():
             trained = peft_model(input_ids=ids).logits
-            reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(T.MODEL_ID), path).eval()
+            reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(CFG.MODEL_ID), path).eval()
             again = reloaded(input_ids=ids).logits
         torch.testing.assert_close(again, trained, rtol=0, atol=1e-5)
         (out / "result.json").write_text(

@@ -29,6 +29,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
+import guards  # noqa: E402
+import lm_loss  # noqa: E402
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
@@ -36,10 +38,24 @@ if KIND not in ("nan", "drift", "die", "hang", "vanish", "readonly", "save", "li
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
+POSITIONS = []  # the training loop's guards.StepPosition: the step under way
+
+
+def recorded(init):
+    def init_and_record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        POSITIONS.append(self)
+
+    return init_and_record
+
+
+guards.StepPosition.__init__ = recorded(guards.StepPosition.__init__)
+
+
 def fires() -> bool:
     return (
         os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        and T._step["current"] == int(STEP)
+        and POSITIONS[-1].current == int(STEP)
         and (not RANK or int(RANK[0]) == dist.get_rank())
     )
 
@@ -89,7 +105,7 @@ def kept(dataloader_iter):
 
 
 if KIND == "nan":
-    T.CausalLMLoss.forward = nan_loss(T.CausalLMLoss.forward)
+    lm_loss.CausalLMLoss.forward = nan_loss(lm_loss.CausalLMLoss.forward)
 elif KIND == "save":
     torch.save = crash_mid_save(torch.save)  # train_ddp writes trainer_state.pt with it, after the adapter
 elif KIND == "linger":

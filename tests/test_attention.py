@@ -10,13 +10,18 @@ import torch
 from conftest import ROOT, SAMPLE_DATA, nonzero_lora_b
 
 import attention
+import chat_data
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
+from lm_loss import CausalLMLoss
 
 
 def right_padded_batch(tokenizer, lengths):
     """Rows of the sample data cut to `lengths` tokens, right-padded by the trainer's collate."""
-    rows = [T.tokenize_conversation(tokenizer, r, 2048, True) for r in T.load_conversations(str(SAMPLE_DATA))]
+    rows = [
+        chat_data.tokenize_conversation(tokenizer, r, 2048, True)
+        for r in chat_data.load_conversations(str(SAMPLE_DATA))
+    ]
     rows = sorted(rows, key=lambda r: -len(r["input_ids"]))[: len(lengths)]
     return PadCollate(tokenizer.pad_token_id, 1)(
         [{k: v[:n] for k, v in r.items()} for r, n in zip(rows, lengths, strict=True)]
@@ -34,13 +39,13 @@ def with_lora(model):
     from peft import LoraConfig, get_peft_model
 
     return nonzero_lora_b(
-        get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=T.LORA_TARGETS))
+        get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=T.Config.LORA_TARGETS))
     )
 
 
 def loss_and_grads(model, batch, right_padded):
     model.zero_grad(set_to_none=True)
-    loss, _ = T.CausalLMLoss(model)(**batch, right_padded=right_padded)
+    loss, _ = CausalLMLoss(model, T.Config.CE_CHUNK_TOKENS)(**batch, right_padded=right_padded)
     loss.backward()
     return loss.detach(), [p.grad.clone() for _, p in sorted(model.named_parameters()) if p.grad is not None]
 
@@ -54,13 +59,6 @@ def tiny_model(tokenizer):
             str(ROOT / "assets" / "tiny-gemma4"), attn_implementation=attention.register("sdpa")
         )
     ).train()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(T.MODEL_ID)
 
 
 @pytest.fixture

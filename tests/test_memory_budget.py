@@ -383,23 +383,18 @@ def test_cli_table(capsys):
 def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
     import train_ddp as T
 
-    d = mb.parser().parse_args(["model"])
+    d, t = mb.parser().parse_args(["model"]), T.Config()
     assert (d.seq_len, d.micro_batch, d.accum, d.lora_r, d.lora_dropout, d.ce_chunk_tokens, d.targets) == (
-        T.MAX_LEN,
-        T.MICRO_BATCH,
-        T.ACCUM_STEPS,
-        T.LORA_R,
-        T.LORA_DROPOUT,
-        T.CE_CHUNK_TOKENS,
-        T.LORA_TARGETS,
+        t.MAX_LEN,
+        t.MICRO_BATCH,
+        t.ACCUM_STEPS,
+        t.LORA_R,
+        t.LORA_DROPOUT,
+        t.CE_CHUNK_TOKENS,
+        t.LORA_TARGETS,
     )
-    assert (d.ckpt_every, d.ckpt_offload) == (T.GRADIENT_CHECKPOINTING, T.CHECKPOINT_OFFLOAD) == (1, False)
-    trainers = mb.Layout(
-        micro_batch=T.MICRO_BATCH,
-        ckpt_every=T.GRADIENT_CHECKPOINTING,
-        offload=T.CHECKPOINT_OFFLOAD,
-        ce_chunk_tokens=T.CE_CHUNK_TOKENS,
-    )
+    assert (d.ckpt_every, d.ckpt_offload) == (t.GRADIENT_CHECKPOINTING, t.CHECKPOINT_OFFLOAD) == (1, False)
+    trainers = mb.layout_of(t)
     assert mb.layout_from_args(d) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
     mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
     strategy = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Strategy:"))

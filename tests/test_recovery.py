@@ -5,6 +5,7 @@ must end with an adapter bitwise identical to it. Dropout is on, so the RNG hand
 """
 
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -21,12 +22,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, TWO_GPUS, free_port, kill_tree, launch_env, torchrun
+from conftest import BACKENDS, ROOT, SAMPLE_DATA, TWO_GPUS, cpu_config, free_port, kill_tree, launch_env, torchrun
 from safetensors.torch import load_file
 
+import chat_data
 import run_record
 import train_ddp as T
 from collate import PadCollate
+from guards import InputError, OutputDirError
+from lm_loss import CausalLMLoss
 
 # 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
 # Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
@@ -254,7 +258,7 @@ def test_crash_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path, d
     assert not list(ckpts.glob(".tmp-*"))
 
 
-def test_resume_skips_consumed_samples_without_loading_them(monkeypatch):
+def test_resume_skips_consumed_samples_without_loading_them():
     class Recording(torch.utils.data.Dataset):
         def __init__(self):
             self.loaded = []
@@ -266,11 +270,10 @@ def test_resume_skips_consumed_samples_without_loading_them(monkeypatch):
             self.loaded.append(i)
             return i
 
-    monkeypatch.setattr(T, "NUM_WORKERS", 0)
-    monkeypatch.setattr(T, "MICRO_BATCH", 2)
-    full = [b.tolist() for b in T.train_loader(Recording(), 1, 2, 3, 0, None)]
+    cfg = cpu_config(NUM_WORKERS=0, MICRO_BATCH=2, GROUP_BY_LENGTH=False)
+    full = [b.tolist() for b in T.train_loader(Recording(), cfg, 1, 2, 3, 0, None)]
     dataset = Recording()
-    resumed = [b.tolist() for b in T.train_loader(dataset, 1, 2, 3, 6, None)]
+    resumed = [b.tolist() for b in T.train_loader(dataset, cfg, 1, 2, 3, 6, None)]
     assert resumed == full[3:]  # the same order, continued after 6 consumed samples (3 micro-batches)
     assert sorted(dataset.loaded) == sorted(sum(full[3:], []))  # skipped indices were never loaded
 
@@ -281,22 +284,19 @@ def intact_checkpoint(folder, identity):
     run_record.write_manifest(folder)
 
 
-def test_resume_picks_the_newest_intact_checkpoint(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(T, "OUTPUT_DIR", str(tmp_path))
+def test_resume_picks_the_newest_intact_checkpoint(tmp_path, capsys):
     ckpts, identity = tmp_path / "checkpoints", {"LR": 2e-4}
     for name in ("step-00000002", "step-00000004", ".old-step-00000005", ".tmp-step-00000006"):
         intact_checkpoint(ckpts / name, identity)
     (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
-    monkeypatch.setattr(T, "RESUME", "auto")
-    assert T.find_resume_checkpoint(identity) == ckpts / "step-00000004"
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
+    assert run_record.checkpoint_to_resume(run, identity) == ckpts / "step-00000004"
     assert (
         f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
     )
-    monkeypatch.setattr(T, "RESUME", "")
-    assert T.find_resume_checkpoint(identity) is None
-    monkeypatch.setattr(T, "RESUME", str(ckpts / "step-00000007"))
-    with pytest.raises(T.InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
-        T.find_resume_checkpoint(identity)
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity) is None
+    with pytest.raises(InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity)
 
 
 def disk_fills(folder):
@@ -308,15 +308,17 @@ def disk_fills(folder):
 def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previous_one(tmp_path, monkeypatch):
     final = tmp_path / "checkpoints" / "step-00000002"
     final.parent.mkdir()
-    with pytest.raises(T.OutputDirError) as first:  # the first checkpoint: there is none to keep
-        T.publish_atomically(final, disk_fills, expected_bytes=100)
+    with pytest.raises(OutputDirError) as first:  # the first checkpoint: there is none to keep
+        run_record.publish_atomically(final, disk_fills, expected_bytes=100)
     assert str(first.value).endswith("the temporary folder is removed; there is no earlier one to keep")
-    T.publish_atomically(final, lambda d: d.mkdir() or (d / "a.bin").write_bytes(b"1" * 100), expected_bytes=100)
+    run_record.publish_atomically(
+        final, lambda d: d.mkdir() or (d / "a.bin").write_bytes(b"1" * 100), expected_bytes=100
+    )
 
     later = final.with_name("step-00000004")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30 - 557_056, 557_056))
-    with pytest.raises(T.OutputDirError) as second:
-        T.publish_atomically(later, disk_fills, expected_bytes=3 * 2**20)
+    with pytest.raises(OutputDirError) as second:
+        run_record.publish_atomically(later, disk_fills, expected_bytes=3 * 2**20)
     assert str(second.value) == (
         f"saving {later} failed: no space left on the device (544 KiB free in {final.parent}, this save needs "
         f"about 3.0 MiB); the temporary folder is removed and step-00000002 kept"
@@ -333,13 +335,16 @@ def test_distributed_eval_equals_single_process_eval_of_the_whole_file(data, ref
     evals = [r for r in metrics(reference) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [3, 6]  # EVAL_EVERY=3; the end (step 6) is not evaluated twice
 
-    tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
-    peft_model = T.add_lora(T.load_model(torch.device("cpu")))
+    cfg = cpu_config()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
+    peft_model = T.add_lora(T.load_model(cfg, torch.device("cpu")), cfg)
     set_peft_model_state_dict(peft_model, adapter(reference))
-    rows = T.load_conversations(data["EVAL_PATH"])
-    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 128, True) for r in rows])
+    rows = chat_data.load_conversations(data["EVAL_PATH"])
+    batch = PadCollate(tokenizer.pad_token_id)([chat_data.tokenize_conversation(tokenizer, r, 128, True) for r in rows])
     with torch.no_grad():
-        loss_sum, n_targets = T.CausalLMLoss(peft_model).eval()(**batch)  # all 7 examples, one process
+        loss_sum, n_targets = CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS).eval()(
+            **batch
+        )  # all 7 examples, one process
     assert evals[-1]["eval_targets"] == int(n_targets)  # each example counted exactly once
     assert evals[-1]["eval_loss"] == pytest.approx(float(loss_sum) / int(n_targets), rel=1e-5, abs=0)
 

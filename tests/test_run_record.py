@@ -9,8 +9,10 @@ import sys
 import time
 
 import pytest
+from conftest import cpu_config
 
 import run_record
+from guards import InputError
 
 
 def test_differences_list_structural_changes_first():
@@ -29,14 +31,15 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     a.write_text('{"x": 1}\n{"x": 2}\n')
     b.write_text(a.read_text())
     c.write_text('{"x": 2}\n{"x": 1}\n')  # same bytes, other order
-    settings = dict.fromkeys(run_record.TRAINING, 0)
     ident = {
-        p: run_record.identity(settings, 2, 4, str(p), {"hidden_size": 8, "transformers_version": "5"})
+        p: run_record.identity(cpu_config(DATA_PATH=str(p)), 2, {"hidden_size": 8, "transformers_version": "5"})
         for p in (a, b, c)
     }
     assert ident[a] == ident[b] and ident[a]["data_sha256"] != ident[c]["data_sha256"]
-    other_version = run_record.identity(settings, 2, 4, str(a), {"hidden_size": 8, "transformers_version": "6"})
-    assert other_version == ident[a]
+    other_version = run_record.identity(
+        cpu_config(DATA_PATH=str(a)), 2, {"hidden_size": 8, "transformers_version": "6"}
+    )
+    assert other_version == ident[a] and ident[a]["samples_per_rank_step"] == 8
 
 
 @pytest.fixture
@@ -81,7 +84,7 @@ def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
             json.dumps({"host": socket.gethostname(), "pid": holder.pid, "started": "then"})
         )
         with pytest.raises(
-            RuntimeError,
+            InputError,
             match=rf"in use by another job \(host {socket.gethostname()}, pid {holder.pid}, started then\)",
         ):
             run_record.OutputLock(str(tmp_path)).acquire()
@@ -104,7 +107,7 @@ def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
 def test_a_lock_from_another_host_is_stale_only_when_nobody_refreshes_it(tmp_path):
     path = tmp_path / ".lock"
     path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "then"}))
-    with pytest.raises(RuntimeError, match="in use by another job"):
+    with pytest.raises(InputError, match="in use by another job"):
         run_record.OutputLock(str(tmp_path)).acquire()
     old = time.time() - run_record.OutputLock.STALE_AFTER_S - 1
     os.utime(path, (old, old))

@@ -1,25 +1,19 @@
 """time_budget.py: the arithmetic, the epoch cut as the trainer cuts it, and one run on the tiny model (CPU)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import cpu_config, free_port
 
 import time_budget as TB
 import train_ddp as T
 from collate import PadCollate
 
-SETTINGS = {
-    "SEED": 7,
-    "MICRO_BATCH": 2,
-    "ACCUM_STEPS": 3,
-    "GROUP_BY_LENGTH": True,
-    "PAD_TO_MULTIPLE": 64,
-    "SAVE_EVERY": 0,
-    "EPOCHS": 2,
-    "MAX_STEPS": 0,
-}
+SETTINGS = cpu_config(
+    SEED=7, MICRO_BATCH=2, ACCUM_STEPS=3, GROUP_BY_LENGTH=True, PAD_TO_MULTIPLE=64, SAVE_EVERY=0, EPOCHS=2, MAX_STEPS=0
+)
 
 
 def test_nearest_rank_quantiles():
@@ -36,21 +30,23 @@ def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
 
 
 @pytest.mark.parametrize("group_by_length", [True, False])
-def test_the_epoch_is_cut_into_the_micro_batches_the_trainer_runs(monkeypatch, group_by_length):
+def test_the_epoch_is_cut_into_the_micro_batches_the_trainer_runs(group_by_length):
     """Padded widths of every micro-batch of both ranks of 2, against train_ddp.train_loader itself."""
     gen = torch.Generator().manual_seed(0)
     tokens = [int(n) for n in torch.randint(20, 700, (53,), generator=gen)]
     keys = [3 * n + 1 for n in tokens]  # the trainer groups by characters; any order-preserving key here
-    settings = {**SETTINGS, "GROUP_BY_LENGTH": group_by_length}
-    for name in ("SEED", "MICRO_BATCH", "ACCUM_STEPS"):
-        monkeypatch.setattr(T, name, settings[name])
-    monkeypatch.setattr(T, "NUM_WORKERS", 0)
-    dataset = [{"input_ids": [1] * n, "labels": [1] * n} for n in tokens]
+    settings = replace(SETTINGS, GROUP_BY_LENGTH=group_by_length, NUM_WORKERS=0)
+    dataset = Rows({"input_ids": [1] * n, "labels": [1] * n} for n in tokens)
+    dataset.lengths = keys
     for rank in (0, 1):
-        loader = T.train_loader(dataset, rank, 2, 0, 0, PadCollate(0, 64), keys if group_by_length else None)
+        loader = T.train_loader(dataset, settings, rank, 2, 0, 0, PadCollate(0, 64))
         widths = [b["input_ids"].shape[1] for b in loader]
         widths = widths[: len(widths) // 3 * 3]  # the trainer stops at the last full accumulation window
         assert TB.epoch_micro_batches(tokens, keys, rank, 2, settings) == widths
+
+
+class Rows(list):
+    """Token rows, with the lengths the trainer's length grouping sorts by (set by the test)."""
 
 
 def test_epoch_time_adds_micro_batches_the_slowest_rank_the_optimizer_and_the_saves():
@@ -64,10 +60,10 @@ def test_epoch_time_adds_micro_batches_the_slowest_rank_the_optimizer_and_the_sa
     )
     # two ranks, one of them with the long rows: every step waits for it, and both GPUs are paid for
     mixed = [64 if i % 2 else 128 for i in range(24)]
-    two = TB.predict(measured, mixed, mixed, {**SETTINGS, "GROUP_BY_LENGTH": False}, 2, 1, 0.0)
+    two = TB.predict(measured, mixed, mixed, replace(SETTINGS, GROUP_BY_LENGTH=False), 2, 1, 0.0)
     assert two["steps_per_epoch"] == 2 and two["straggler_s"] > 0
     assert two["gpu_hours"] == pytest.approx(2 * two["total_s"] / 3600)
-    assert TB.predict(measured, tokens, tokens, {**SETTINGS, "MAX_STEPS": 2}, 1, 1, 0.0)["total_s"] == pytest.approx(
+    assert TB.predict(measured, tokens, tokens, replace(SETTINGS, MAX_STEPS=2), 1, 1, 0.0)["total_s"] == pytest.approx(
         one["epoch_s"] / 2
     )  # MAX_STEPS=2 of 4 steps: half an epoch
 
@@ -76,7 +72,7 @@ def test_checkpoints_are_counted_as_the_trainer_writes_them():
     measured = {"micro_batch_s": {64: 0.0}, "optimizer_s": 0.0, "save_s": 1.0}
     tokens = [64] * 24  # 4 steps per epoch
     saves = {
-        every: TB.predict(measured, tokens, tokens, {**SETTINGS, "SAVE_EVERY": every}, 1, 1, 0.0)["epoch_s"]
+        every: TB.predict(measured, tokens, tokens, replace(SETTINGS, SAVE_EVERY=every), 1, 1, 0.0)["epoch_s"]
         for every in (0, 1, 2, 3, 4)
     }
     assert saves == {0: 1.0, 1: 4.0, 2: 2.0, 3: 2.0, 4: 1.0}  # steps 1..3 by SAVE_EVERY, and the epoch end
@@ -102,17 +98,14 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, mo
         "MASTER_PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(name, value)  # a process group of one, gone after the test
-    for name in ("OUTPUT_DIR", "ATTENTION_KERNEL"):  # the tool sets both; later tests see them as they were
-        monkeypatch.setattr(T, name, getattr(T, name))
-    monkeypatch.setitem(T.SOURCES, "ATTENTION_KERNEL", T.SOURCES["ATTENTION_KERNEL"])
     report = tmp_path / "report.json"
     TB.main(["--gpus-per-node", "1", "2", "--warmup", "1", "--steps", "1", "--json", str(report)])
     out = capsys.readouterr().out
     assert "times do NOT transfer to GPUs" in out and "| 1 x 2 |" in out
     result = json.loads(report.read_text())
     lengths = sorted(result["tokens"])
-    expected = {TB.padded(TB.quantile(lengths, q), T.PAD_TO_MULTIPLE) for q in TB.QUANTILES.values()}
+    expected = {TB.padded(TB.quantile(lengths, q), T.Config.PAD_TO_MULTIPLE) for q in TB.QUANTILES.values()}
     assert {int(n) for n in result["measured"]["micro_batch_s"]} == expected
     one, two = result["predictions"]
-    assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1)
-    assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2)
+    assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1, T.Config())
+    assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2, T.Config())

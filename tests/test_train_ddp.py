@@ -8,23 +8,29 @@ import sys
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, free_port, kill_tree, nonzero_lora_b, torchrun
+from conftest import BACKENDS, ROOT, SAMPLE_DATA, cpu_config, free_port, kill_tree, nonzero_lora_b, torchrun
 
+import chat_data
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
+from guards import InputError
+from lm_loss import CausalLMLoss
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(T.MODEL_ID)
+CPU = cpu_config()
 
 
 @pytest.fixture(scope="module")
 def tiny_lora_model():
     torch.manual_seed(0)
-    return T.add_lora(T.load_model(torch.device("cpu")))
+    return T.add_lora(T.load_model(CPU, torch.device("cpu")), CPU)
+
+
+class Indices(list):
+    """A dataset whose samples are their own indices, with the lengths length grouping sorts by."""
+
+    def __init__(self, n: int, lengths: list[int] | None = None):
+        super().__init__(range(n))
+        self.lengths = lengths
 
 
 def write_rows(path, rows):
@@ -37,65 +43,17 @@ def sample_rows(n):
 
 
 # ---------------------------------------------------------------- data
-@pytest.mark.parametrize(
-    "messages",
-    [
-        [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "One?"},
-            {"role": "assistant", "content": "Yes one."},
-            {"role": "user", "content": "Two?"},
-            {"role": "assistant", "content": "Two indeed."},
-        ],
-        [
-            {"role": "user", "content": "a"},
-            {"role": "assistant", "content": "b c"},
-            {"role": "user", "content": "d"},
-            {"role": "assistant", "content": "e f g"},
-            {"role": "user", "content": "h"},
-            {"role": "assistant", "content": "i"},
-        ],
-    ],
-    ids=["single-turn", "system+multi-turn", "three-turns"],
-)
-def test_targets_are_exactly_the_assistant_turns(tokenizer, messages):
-    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
-    ids, labels = ex["input_ids"], ex["labels"]
-    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # <bos> once
-    spans, current = [], []
-    for i, lab in zip(ids, labels, strict=True):
-        if lab == IGNORE_INDEX:
-            if current:
-                spans.append(current)
-            current = []
-        else:
-            assert lab == i
-            current.append(i)
-    spans += [current] if current else []
-    expected = [m["content"] + "<turn|>" for m in messages if m["role"] == "assistant"]
-    assert [tokenizer.decode(s) for s in spans] == expected
-
-
-def test_without_assistant_only_every_token_is_a_target(tokenizer):
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
-    ex = T.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=False)
-    assert ex["labels"] == ex["input_ids"]
-    assert len(T.tokenize_conversation(tokenizer, messages, max_len=5, assistant_only=True)["input_ids"]) == 5
-
-
 @pytest.mark.parametrize("n_samples", [13, 27, 37, 96])
 @pytest.mark.parametrize("world", [2, 3])
-def test_every_rank_runs_the_same_number_of_steps(monkeypatch, n_samples, world):
-    monkeypatch.setattr(T, "MICRO_BATCH", 2)
-    monkeypatch.setattr(T, "ACCUM_STEPS", 2)
-    dataset = list(range(n_samples))
+def test_every_rank_runs_the_same_number_of_steps(n_samples, world):
+    cfg = cpu_config(MICRO_BATCH=2, ACCUM_STEPS=2, GROUP_BY_LENGTH=False)
+    dataset = Indices(n_samples)
     if n_samples < world * 4:
-        with pytest.raises(T.InputError, match="needs"):
-            T.steps_per_epoch(n_samples, world)
+        with pytest.raises(InputError, match="needs"):
+            T.steps_per_epoch(n_samples, world, cfg)
         return
-    steps = {len(T.train_loader(dataset, r, world, 0, 0, None)) // 2 for r in range(world)}
-    assert steps == {T.steps_per_epoch(n_samples, world)}
+    steps = {len(T.train_loader(dataset, cfg, r, world, 0, 0, None)) // 2 for r in range(world)}
+    assert steps == {T.steps_per_epoch(n_samples, world, cfg)}
 
 
 # ---------------------------------------------------------------- model
@@ -111,19 +69,18 @@ def test_adapters_only_on_the_text_decoder(tiny_lora_model):
     targeted = [
         m
         for n, m in tiny_lora_model.get_base_model().named_modules()
-        if re.fullmatch(T.LORA_TARGETS, n) and hasattr(m, "base_layer")
+        if re.fullmatch(CPU.LORA_TARGETS, n) and hasattr(m, "base_layer")
     ]
-    expected = sum(T.LORA_R * (m.base_layer.in_features + m.base_layer.out_features) for m in targeted)
+    expected = sum(CPU.LORA_R * (m.base_layer.in_features + m.base_layer.out_features) for m in targeted)
     assert tiny_lora_model.get_nb_trainable_parameters()[0] == expected
 
 
-def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_model):
-    rows = T.load_conversations(str(SAMPLE_DATA))[:3]
-    batch = PadCollate(tokenizer.pad_token_id)([T.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
-    module = T.CausalLMLoss(tiny_lora_model).eval()
+def test_chunked_loss_equals_full_logits_loss(tokenizer, tiny_lora_model):
+    rows = chat_data.load_conversations(str(SAMPLE_DATA))[:3]
+    batch = PadCollate(tokenizer.pad_token_id)([chat_data.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
     results = []
     for chunk in (0, 7):
-        monkeypatch.setattr(T, "CE_CHUNK_TOKENS", chunk)
+        module = CausalLMLoss(tiny_lora_model, chunk).eval()
         tiny_lora_model.zero_grad(set_to_none=True)
         loss, n = module(**batch)
         loss.backward()
@@ -141,15 +98,18 @@ def test_chunked_loss_equals_full_logits_loss(monkeypatch, tokenizer, tiny_lora_
     torch.testing.assert_close(full / n_full, reference, rtol=1e-5, atol=0)
 
 
-def test_micro_batch_without_targets_still_reaches_every_adapter(monkeypatch, tokenizer, tiny_lora_model):
+def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny_lora_model):
     """An assistant turn cut off by MAX_LEN leaves a micro-batch with no target: backward must still run
     (zero gradients on every adapter), or that rank would crash while the others wait in the all-reduce."""
-    monkeypatch.setattr(T, "CE_CHUNK_TOKENS", 64)
     ids = torch.tensor(
-        [T.tokenize_conversation(tokenizer, T.load_conversations(str(SAMPLE_DATA))[0], 32, True)["input_ids"]]
+        [
+            chat_data.tokenize_conversation(tokenizer, chat_data.load_conversations(str(SAMPLE_DATA))[0], 32, True)[
+                "input_ids"
+            ]
+        ]
     )
     tiny_lora_model.zero_grad(set_to_none=True)
-    loss, n = T.CausalLMLoss(tiny_lora_model)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
+    loss, n = CausalLMLoss(tiny_lora_model, 64)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
     loss.backward()
     assert n == 0 and loss.item() == 0.0
     grads = [p.grad for p in tiny_lora_model.parameters() if p.requires_grad]
@@ -299,13 +259,6 @@ BAD_INPUTS = {
 }
 
 
-def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_reported(monkeypatch):
-    monkeypatch.setenv("MICROBATCH", "4")
-    monkeypatch.setenv("MICRO_BATCHES_PER_GPU", "4")  # not close enough to any constant to be a typo of it
-    warnings = T.check_settings()
-    assert warnings == ["warning: MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"]
-
-
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
     """Each rank of a 2-rank job is started ALONE (as torchrun would start it, but without its peer):
@@ -347,25 +300,18 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
 
 
 # ---------------------------------------------------------------- optimisations compute the same thing
-def loss_and_grads(monkeypatch, tokenizer, bf16: bool = False, **constants):
-    """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants patched."""
-    for name, value in {
-        "LORA_DROPOUT": 0.0,
-        "CE_CHUNK_TOKENS": 0,
-        "GRADIENT_CHECKPOINTING": 0,
-        "LORA_BF16_INPUTS": False,
-        "COMPILE_LAYERS": False,
-        **constants,
-    }.items():
-        monkeypatch.setattr(T, name, value)
-    rows = T.load_conversations(str(SAMPLE_DATA))[3:6]
+def loss_and_grads(tokenizer, bf16: bool = False, **constants):
+    """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants set."""
+    plain = {"LORA_DROPOUT": 0.0, "CE_CHUNK_TOKENS": 0, "GRADIENT_CHECKPOINTING": 0, "LORA_BF16_INPUTS": False}
+    cfg = cpu_config(**{**plain, **constants})
+    rows = chat_data.load_conversations(str(SAMPLE_DATA))[3:6]
     batch = PadCollate(tokenizer.pad_token_id, constants.get("PAD_TO_MULTIPLE", 1))(
-        [T.tokenize_conversation(tokenizer, r, 512, True) for r in rows]
+        [chat_data.tokenize_conversation(tokenizer, r, 512, True) for r in rows]
     )
     torch.manual_seed(0)
-    base = T.load_model(torch.device("cpu"))
-    model = nonzero_lora_b(T.add_lora(base.to(torch.bfloat16) if bf16 else base))
-    module = T.CausalLMLoss(model).train()
+    base = T.load_model(cfg, torch.device("cpu"))
+    model = nonzero_lora_b(T.add_lora(base.to(torch.bfloat16) if bf16 else base, cfg))
+    module = CausalLMLoss(model, cfg.CE_CHUNK_TOKENS).train()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss, n = module(**batch)
     loss.backward()
@@ -394,36 +340,44 @@ def assert_same(a, b, rtol):
     ],
     ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
 )
-def test_optimisation_gives_the_plain_loss_and_gradients(monkeypatch, tokenizer, lever):
-    assert_same(loss_and_grads(monkeypatch, tokenizer, **lever), loss_and_grads(monkeypatch, tokenizer), rtol=1e-5)
+def test_optimisation_gives_the_plain_loss_and_gradients(tokenizer, lever):
+    assert_same(loss_and_grads(tokenizer, **lever), loss_and_grads(tokenizer), rtol=1e-5)
 
 
-def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(monkeypatch, tokenizer):
-    fast = loss_and_grads(monkeypatch, tokenizer, bf16=True, LORA_BF16_INPUTS=True)
-    plain = loss_and_grads(monkeypatch, tokenizer, bf16=True, LORA_BF16_INPUTS=False)
+def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(tokenizer):
+    fast = loss_and_grads(tokenizer, bf16=True, LORA_BF16_INPUTS=True)
+    plain = loss_and_grads(tokenizer, bf16=True, LORA_BF16_INPUTS=False)
     assert_same(fast, plain, rtol=2e-2)  # the adapter matmuls ran in bf16 either way; only casts moved
 
 
-def test_compiled_layers_give_the_eager_loss_and_gradients(monkeypatch, tokenizer):
+def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer):
     assert_same(
-        loss_and_grads(monkeypatch, tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
-        loss_and_grads(monkeypatch, tokenizer),
+        loss_and_grads(tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
+        loss_and_grads(tokenizer),
         rtol=1e-4,
     )
 
 
-def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(monkeypatch, tokenizer):
-    monkeypatch.setattr(T, "MICRO_BATCH", 4)
-    monkeypatch.setattr(T, "ACCUM_STEPS", 4)
-    monkeypatch.setattr(T, "NUM_WORKERS", 0)
-    dataset = T.ChatDataset(T.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
-    window = T.MICRO_BATCH * T.ACCUM_STEPS
+def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(tokenizer):
+    dataset = chat_data.ChatDataset(chat_data.load_conversations(str(SAMPLE_DATA)), tokenizer, 2048, True)
+    window = 4 * 4
     collate = PadCollate(tokenizer.pad_token_id)
-    index_loader = [
-        (T.train_loader(list(range(len(dataset))), 1, 2, 5, 0, None, lengths), lengths)
-        for lengths in (None, dataset.lengths)
-    ]
-    plain, grouped = ([i for b in loader for i in b.tolist()] for loader, _ in index_loader)
+    plain, grouped = (
+        [
+            i
+            for b in T.train_loader(
+                Indices(len(dataset), dataset.lengths),
+                cpu_config(MICRO_BATCH=4, ACCUM_STEPS=4, NUM_WORKERS=0, GROUP_BY_LENGTH=grouping),
+                1,
+                2,
+                5,
+                0,
+                None,
+            )
+            for i in b.tolist()
+        ]
+        for grouping in (False, True)
+    )
     assert len(plain) == len(grouped)
     for start in range(0, len(plain), window):  # same samples in every optimizer step
         assert sorted(plain[start : start + window]) == sorted(grouped[start : start + window])
@@ -435,16 +389,3 @@ def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(mo
         )
 
     assert padding(grouped) < 0.5 * padding(plain)
-
-
-def test_metrics_also_reach_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    monkeypatch.setattr(T, "OUTPUT_DIR", str(tmp_path))
-    T.log_metrics({"step": 1, "loss": 2.5, "skipped": False, "lr": 1e-4})
-    T.log_metrics({"step": 2, "loss": 2.25, "skipped": False, "lr": 2e-4})
-    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
-    assert sorted(events.Tags()["scalars"]) == ["loss", "lr"]  # numbers only, "skipped" is a flag
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,144 @@
+"""Chat data: JSONL rows of {"messages": [...]}, validated up front (file, line and field named), rendered
+with the tokenizer's chat template into token ids and labels (assistant turns only, or every token)."""
+
+import json
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from collate import IGNORE_INDEX
+from guards import InputError
+
+ROLES = ("system", "user", "assistant")
+
+
+def load_conversations(path: str) -> list[list[dict]]:
+    """Parse and validate every row up front, so bad data fails on every rank before training starts."""
+    try:
+        lines = Path(path).read_bytes().splitlines()
+    except OSError as e:
+        raise InputError(f"cannot read data file {path}: {e}") from e
+    rows = []
+    for lineno, raw in enumerate(lines, 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
+            ) from None
+        if not line.strip():
+            continue
+        if not rows and line.lstrip().startswith("["):
+            raise InputError(
+                f"{where}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
+                f'python -c "import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]" '
+                f"{path} > {Path(path).stem}.jsonl"
+            )
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
+        for j, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                role = m.get("role") if isinstance(m, dict) else m
+                raise InputError(f"{where}: message {j}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            if not isinstance(m.get("content"), str):
+                raise InputError(f"{where}: message {j}: 'content' must be a string")
+        if messages[0]["role"] == "assistant":
+            raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise InputError(f"{where}: no assistant message, nothing to train on")
+        rows.append(messages)
+    if not rows:
+        raise InputError(f"{path}: no examples (the file is empty)")
+    return rows
+
+
+def format_hint(row) -> str:
+    """How to turn the other two formats people bring into 'messages' rows."""
+    if isinstance(row, dict) and isinstance(row.get("conversations"), list):
+        return (
+            "; this looks like ShareGPT: rename 'conversations' to 'messages', 'from' to 'role' and 'value' to "
+            "'content', with roles human -> user, gpt -> assistant"
+        )
+    if isinstance(row, dict) and {"prompt", "completion"} <= row.keys():
+        return (
+            '; this looks like prompt/completion: write {"messages": [{"role": "user", "content": prompt}, '
+            '{"role": "assistant", "content": completion}]} (the loss then covers the completion only)'
+        )
+    return ""
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
+    """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
+    assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
+
+    def render(msgs, add_generation_prompt=False):
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    input_ids = render(messages)
+    if not assistant_only:
+        labels = list(input_ids)
+    else:
+        labels = [IGNORE_INDEX] * len(input_ids)
+        end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            start = len(render(messages[:i], add_generation_prompt=True))
+            upto = render(messages[: i + 1])
+            if upto != input_ids[: len(upto)]:
+                raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
+            turn = upto[start:]
+            end = start + (len(turn) - turn[::-1].index(end_of_turn) if end_of_turn in turn else len(turn))
+            labels[start:end] = input_ids[start:end]
+    return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
+
+
+class ChatDataset(Dataset):
+    """Conversations tokenized lazily (in DataLoader workers), so skipped samples cost nothing."""
+
+    def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool):
+        self.conversations, self.tokenizer = conversations, tokenizer
+        self.max_len, self.assistant_only = max_len, assistant_only
+        self.lengths = [sum(len(m["content"]) for m in c) for c in conversations]  # characters: no tokenizing
+
+    def __len__(self):
+        return len(self.conversations)
+
+    def __getitem__(self, i):
+        return tokenize_conversation(self.tokenizer, self.conversations[i], self.max_len, self.assistant_only)
+
+
+def data_summary(dataset: ChatDataset, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:
+    """What the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread
+    over the file (the same rows on every rank; this also checks the chat template). Stops when no row keeps
+    a target."""
+    rows, max_len = dataset.conversations, dataset.max_len
+    sample = rows[:: max(1, len(rows) // sample_size)]
+    cut = targets = kept = no_target = 0
+    for messages in sample:
+        labels = tokenize_conversation(dataset.tokenizer, messages, 1 << 30, dataset.assistant_only)["labels"]
+        row_targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
+        row_kept = sum(label != IGNORE_INDEX for label in labels[1:max_len])
+        cut, targets, kept, no_target = (
+            cut + (len(labels) > max_len),
+            targets + row_targets,
+            kept + row_kept,
+            no_target + (row_kept == 0),
+        )
+    if kept == 0:
+        raise InputError(
+            f"{path}: no row keeps a target token within MAX_LEN={max_len} (the assistant turns "
+            f"come later): raise MAX_LEN"
+        )
+    return (
+        f"data: {len(rows)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "
+        f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
+        f"{len(rows) - used_per_epoch} rows per epoch left out by drop_last"
+    )

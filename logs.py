@@ -1,0 +1,138 @@
+"""What a run tells its user: rank 0's console lines, metrics.jsonl, TensorBoard and the profiler.
+
+- say(): the one rank-0 print (through tqdm, so the progress bar stays intact).
+- StepLog: each step's loss, throughput and memory; the memory model checked once against the real peak.
+- profiled(): torch.profiler around one step.
+"""
+
+import functools
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+def say(msg: str) -> None:
+    """Print on rank 0 only (RANK from torchrun; before the process group exists too)."""
+    if os.environ.get("RANK", "0") == "0":
+        from tqdm import tqdm
+
+        tqdm.write(msg, file=sys.stdout)
+        sys.stdout.flush()
+
+
+def where_everything_is(output_dir: str, adapter: Path, model_id: str) -> str:
+    out = Path(output_dir)
+    return (
+        f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}   "
+        f"settings: {out / 'config.json'}\nload it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+        f"{model_id!r}), {str(adapter)!r})"
+    )
+
+
+class StepLog:
+    """Rank 0's record of each step (metrics.jsonl, TensorBoard, the console and the progress bar), with
+    the memory model checked once against the real peak, at step 3 (AdamW state and allocator caches exist):
+    predict_peak_gib(longest padded length so far) is memory_budget.py's prediction."""
+
+    MEMORY_CHECK_STEP = 3
+
+    def __init__(self, output_dir: str, log_every: int, total_steps: int, done: int, device, predict_peak_gib):
+        from tqdm import tqdm
+
+        self.output_dir, self.log_every, self.total_steps, self.device = output_dir, log_every, total_steps, device
+        self.predict_peak_gib, self.longest = predict_peak_gib, 0
+        self.rank0 = os.environ.get("RANK", "0") == "0"
+        self.bar = tqdm(
+            total=total_steps,
+            initial=done,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not self.rank0 or not sys.stderr.isatty(),
+        )
+
+    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, data_wait, micro_batches):
+        self.bar.update(1)
+        self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
+        check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
+        logged = (self.log_every and step % self.log_every == 0) or step == self.total_steps or check_memory
+        if not self.rank0 or not logged:
+            return
+        n_targets, n_tokens, n_padded = counts
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss_sum / max(n_targets, 1.0),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "skipped": not finite,
+            "tokens_per_s": n_tokens / step_time,
+            "target_tokens_per_s": n_targets / step_time,
+            "step_time_s": step_time,
+            "targets": int(n_targets),
+            "tokens": int(n_tokens),
+            "padding": 1 - n_tokens / n_padded,
+            "data_wait_s": data_wait,
+        }
+        if self.device.type == "cuda":
+            record["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            if check_memory:
+                try:  # a diagnostic: it never stops the training
+                    record["predicted_peak_gib"] = self.predict_peak_gib(self.longest)
+                except Exception as e:
+                    say(f"warning: no memory prediction ({type(e).__name__}: {e})")
+        self.write(record)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+
+    def eval(self, step: int, result: dict, final: bool = False) -> None:
+        if self.rank0:
+            self.write({"step": step, **result})
+        say(
+            f"eval | {'final' if final else f'step {step}'} | loss {result['eval_loss']:.4f} | "
+            f"ppl {result['eval_ppl']:.2f}"
+        )
+
+    def write(self, record: dict) -> None:
+        """One JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""
+        with open(Path(self.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        writer = tensorboard_writer(self.output_dir)
+        if writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(key, value, record["step"])
+            writer.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@functools.cache
+def tensorboard_writer(output_dir: str):
+    """OUTPUT_DIR/tensorboard (tensorboard --logdir OUTPUT_DIR); None without the optional tensorboard package."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(Path(output_dir) / "tensorboard"))
+
+
+@contextmanager
+def profiled(active: bool, device: torch.device, trace: Path):
+    """torch.profiler around one step: the top kernels on rank 0 and a Chrome trace per rank in `trace` (look
+    for NCCL kernels running under the backward compute of the last micro-batch)."""
+    if not active:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        yield
+    prof.export_chrome_trace(str(trace))
+    say(prof.key_averages().table(sort_by=f"{'cuda' if device.type == 'cuda' else 'cpu'}_time_total", row_limit=30))

@@ -1,0 +1,128 @@
+"""train_ddp.py's constants as one run uses them: read from the environment, checked, planned, shown.
+
+- read(): each constant's environment variable, parsed as its default's type, and where each value came
+  from; every unparsable or disallowed value at once, as one InputError (before any collective).
+- misspelled(): environment variables that look like a misspelled constant (MICROBATCH).
+- planned(): the same settings with the planner's choices, marked as such.
+- check_model_source(), check_writable(): a missing model or an unwritable OUTPUT_DIR fails at once.
+- record(), show(): the settings grouped by source, printed once and saved with the run.
+"""
+
+import dataclasses
+import difflib
+import os
+import re
+import socket
+from pathlib import Path
+
+from guards import InputError
+
+BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def parse(raw: str, default):
+    """`raw` as the type of `default`; ValueError says what was expected."""
+    if isinstance(default, bool):
+        if raw.lower() not in BOOLEANS:
+            raise ValueError("expected 1/0/true/false")
+        return BOOLEANS[raw.lower()]
+    try:
+        return type(default)(raw)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if isinstance(default, int) else 'a number'}") from None
+
+
+def read(constants: type, allowed: dict, environ=os.environ) -> tuple:
+    """(constants(...) with every field its environment variable overrides, {name: "default" or "env"}).
+    `allowed` maps a name to (test, text) for values its type admits but the run does not."""
+    values, sources, unparsable = {}, {}, []
+    for field in dataclasses.fields(constants):
+        raw = environ.get(field.name)
+        sources[field.name] = "default" if raw is None else "env"
+        if raw is not None:
+            try:
+                values[field.name] = parse(raw, field.default)
+            except ValueError as e:
+                unparsable.append(f"{field.name}={raw!r}: {e}")
+    bad = unparsable + [
+        f"{name}={values[name]!r}: allowed {text}"
+        for name, (ok, text) in allowed.items()
+        if name in values and not ok(values[name])
+    ]
+    if bad:
+        raise InputError("; ".join(bad))
+    return constants(**values), sources
+
+
+def misspelled(sources: dict, environ=os.environ) -> list[str]:
+    """A warning for each environment variable that is not a constant but looks like one."""
+    warnings = []
+    for var in environ:
+        close = difflib.get_close_matches(var, sources, n=1, cutoff=0.85)
+        if close and var not in sources:
+            warnings.append(
+                f"warning: {var}={environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?"
+            )
+    return warnings
+
+
+def planned(values, sources: dict, chosen: dict) -> tuple:
+    """(values with the planner's `chosen` constants, sources with those marked "planner")."""
+    return dataclasses.replace(values, **chosen), {**sources, **dict.fromkeys(chosen, "planner")}
+
+
+def record(values, sources: dict) -> dict:
+    """Every constant as this run uses it, with where its value came from."""
+    return {name: {"value": getattr(values, name), "source": source} for name, source in sources.items()}
+
+
+def show(settings: dict) -> str:
+    """The constants grouped by source, so what the user and the planner chose stands out."""
+    lines = []
+    for source in ("env", "planner", "default"):
+        chosen = [f"{name}={s['value']}" for name, s in settings.items() if s["source"] == source]
+        if chosen:
+            lines.append(f"settings ({source}): {' '.join(chosen)}")
+    return "\n".join(lines)
+
+
+def check_model_source(model_id: str, model_config: str) -> None:
+    """A model folder that does not exist, or a hub id that is not cached while offline, fails at once
+    (transformers would try the hub for either, and wait on the network)."""
+    if model_config:
+        if not Path(model_config).is_file():
+            raise InputError(f"MODEL_CONFIG {model_config!r}: no such file")
+        return
+    if Path(model_id).exists():
+        return
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", model_id) or model_id.startswith("."):
+        raise InputError(f"MODEL_ID {model_id!r}: no such folder (a hub id looks like google/gemma-4-12B-it)")
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(
+            f"MODEL_ID {model_id!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
+            f"it first (huggingface-cli download {model_id}) or point MODEL_ID to a local folder"
+        )
+    try:  # one quick question to the hub, instead of transformers' retries on an unreachable one
+        HfApi().model_info(model_id, timeout=10)
+    except RepositoryNotFoundError:
+        raise InputError(f"MODEL_ID {model_id!r}: no such folder here, and no such model on the hub") from None
+    except Exception as e:  # network errors: httpx's, requests', OSError
+        raise InputError(
+            f"MODEL_ID {model_id!r}: no such folder here, and the hub did not answer ({type(e).__name__}: {e}); "
+            f"check the path, or the network (HF_HUB_OFFLINE=1 uses a cached copy)"
+        ) from None
+
+
+def check_writable(directory: str) -> None:
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"OUTPUT_DIR {directory!r} is not writable: {e}") from e

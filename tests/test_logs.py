@@ -1,0 +1,39 @@
+"""logs.py: what reaches metrics.jsonl and TensorBoard, and the rank-0 print."""
+
+import json
+
+import pytest
+import torch
+
+import logs
+
+
+def test_metrics_also_reach_tensorboard_when_it_is_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = logs.StepLog(str(tmp_path), 1, 2, 0, torch.device("cpu"), predict_peak_gib=None)
+    log.write({"step": 1, "loss": 2.5, "skipped": False, "lr": 1e-4})
+    log.write({"step": 2, "loss": 2.25, "skipped": False, "lr": 2e-4})
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert sorted(events.Tags()["scalars"]) == ["loss", "lr"]  # numbers only, "skipped" is a flag
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_step_is_logged_every_log_every_steps_and_at_the_last(tmp_path):
+    log = logs.StepLog(str(tmp_path), 3, 7, 0, torch.device("cpu"), predict_peak_gib=None)
+    batch = {"input_ids": torch.zeros(2, 64)}
+    for step in range(1, 8):
+        log.step(step, 0, 10.0, (5.0, 100.0, 128.0), 1.5, 1e-4, True, 0.5, 0.01, [batch])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6, 7]
+    assert records[0]["loss"] == 2.0 and records[0]["tokens_per_s"] == 200.0 and records[0]["padding"] == 0.21875
+
+
+def test_only_rank_0_prints(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    logs.say("from rank 1")
+    monkeypatch.setenv("RANK", "0")
+    logs.say("from rank 0")
+    assert capsys.readouterr().out == "from rank 0\n"

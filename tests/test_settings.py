@@ -1,0 +1,43 @@
+"""settings.py: constants read from the environment, checked all at once, planned and shown by source."""
+
+import dataclasses
+
+import pytest
+
+import settings
+import train_ddp as T
+from guards import InputError
+
+
+def test_an_override_is_parsed_as_its_defaults_type_and_marked_env():
+    cfg, sources = settings.read(T.Config, T.ALLOWED, {"MICRO_BATCH": "4", "LR": "1e-4", "COMPILE_LAYERS": "yes"})
+    assert (cfg.MICRO_BATCH, cfg.LR, cfg.COMPILE_LAYERS) == (4, 1e-4, True)
+    assert sources["MICRO_BATCH"] == "env" and sources["ACCUM_STEPS"] == "default"
+    assert set(sources) == {f.name for f in dataclasses.fields(T.Config)}
+
+
+def test_every_bad_value_is_named_in_one_error():
+    with pytest.raises(InputError) as e:
+        settings.read(T.Config, T.ALLOWED, {"MICRO_BATCH": "0", "LR": "abc", "SAVE_ON_SIGTERM": "maybe"})
+    assert str(e.value) == (
+        "LR='abc': expected a number; SAVE_ON_SIGTERM='maybe': expected 1/0/true/false; MICRO_BATCH=0: allowed >= 1"
+    )
+
+
+def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_reported():
+    _, sources = settings.read(T.Config, T.ALLOWED, {})
+    environ = {"MICROBATCH": "4", "MICRO_BATCHES_PER_GPU": "4"}  # the second is not close enough to be a typo
+    assert settings.misspelled(sources, environ) == [
+        "warning: MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"
+    ]
+
+
+def test_the_planners_choices_are_recorded_and_shown_as_planner():
+    cfg, sources = settings.read(T.Config, T.ALLOWED, {"LR": "1e-4"})
+    cfg, sources = settings.planned(cfg, sources, {"MICRO_BATCH": 2, "ACCUM_STEPS": 4})
+    record = settings.record(cfg, sources)
+    assert record["MICRO_BATCH"] == {"value": 2, "source": "planner"} and record["LR"]["source"] == "env"
+    lines = settings.show(record).splitlines()
+    assert lines[0] == "settings (env): LR=0.0001"
+    assert lines[1] == "settings (planner): MICRO_BATCH=2 ACCUM_STEPS=4"
+    assert lines[2].startswith("settings (default): MODEL_ID=")
