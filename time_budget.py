@@ -193,6 +193,8 @@ def main(argv=None) -> None:
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
     conversations = load_conversations(run.DATA_PATH)
     tokenizer = AutoTokenizer.from_pretrained(run.MODEL_ID)

@@ -171,11 +171,8 @@ def rank_info() -> tuple[int, int, int]:
 
 
 def rank_device(local_rank: int) -> torch.device:
-    """This rank's GPU, made current before anything touches CUDA (no stray context on GPU 0); else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+    """This rank's GPU (torchrun's LOCAL_RANK), else the CPU. Asking does not create a CUDA context."""
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def init_distributed(device: torch.device, output_dir: str, timeout_s: float) -> None:
@@ -547,6 +544,8 @@ def main() -> None:
 
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before anything touches CUDA: no stray context on GPU 0
     torch.manual_seed(cfg.SEED)
     peft_model = add_lora(load_model(cfg, device), cfg)
     torch.manual_seed(cfg.SEED + rank)
