@@ -1,6 +1,7 @@
 """Chat data: JSONL rows of {"messages": [...]}, validated up front (file, line and field named), rendered
 with the tokenizer's chat template into token ids and labels (assistant turns only, or every token)."""
 
+import codecs
 import json
 from pathlib import Path
 
@@ -13,12 +14,13 @@ ROLES = ("system", "user", "assistant")
 
 
 def load_conversations(path: str) -> list[list[dict]]:
-    """Parse and validate every row up front, so bad data fails on every rank before training starts."""
+    """Parse and validate every row up front, so bad data fails on every rank before training starts. A UTF-8
+    byte-order mark is skipped; content given as a list of text parts is joined (one part per line)."""
     try:
-        lines = Path(path).read_bytes().splitlines()
+        lines = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8).splitlines()
     except OSError as e:
         raise InputError(f"cannot read data file {path}: {e}") from e
-    rows = []
+    rows, empty = [], []
     for lineno, raw in enumerate(lines, 1):
         where = f"{path}:{lineno}"
         try:
@@ -42,30 +44,59 @@ def load_conversations(path: str) -> list[list[dict]]:
         messages = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(messages, list) or not messages:
             raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
-        for j, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES:
-                role = m.get("role") if isinstance(m, dict) else m
-                raise InputError(f"{where}: message {j}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
-            if not isinstance(m.get("content"), str):
-                raise InputError(f"{where}: message {j}: 'content' must be a string")
+        messages = [checked_message(m, f"{where}: message {j}") for j, m in enumerate(messages)]
         if messages[0]["role"] == "assistant":
             raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
         if not any(m["role"] == "assistant" for m in messages):
             raise InputError(f"{where}: no assistant message, nothing to train on")
+        if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+            empty.append(lineno)
         rows.append(messages)
+    if empty:
+        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+        raise InputError(
+            f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines {shown}); "
+            f"drop those rows: training on an empty answer teaches the model to stop at once"
+        )
     if not rows:
         raise InputError(f"{path}: no examples (the file is empty)")
     return rows
 
 
+def checked_message(m, where: str) -> dict:
+    """One message as {"role", "content": str}; content parts ([{"type": "text", "text": ...}]) joined."""
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        role = m.get("role") if isinstance(m, dict) else m
+        raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    content = m.get("content")
+    if isinstance(content, list):
+        for k, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InputError(
+                    f"{where}: content part {k} is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "
+                    f"can be trained on here: drop that part or the row"
+                )
+        content = "\n".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise InputError(f"{where}: 'content' must be a string (or a list of text parts)")
+    return {**m, "content": content}
+
+
 def format_hint(row) -> str:
-    """How to turn the other two formats people bring into 'messages' rows."""
-    if isinstance(row, dict) and isinstance(row.get("conversations"), list):
-        return (
-            "; this looks like ShareGPT: rename 'conversations' to 'messages', 'from' to 'role' and 'value' to "
-            "'content', with roles human -> user, gpt -> assistant"
-        )
-    if isinstance(row, dict) and {"prompt", "completion"} <= row.keys():
+    """How to turn the other formats people bring into 'messages' rows."""
+    if not isinstance(row, dict):
+        return ""
+    for key in ("conversations", "conversation", "message", "chat", "dialog"):
+        turns = row.get(key)
+        if isinstance(turns, list) and turns and all(isinstance(t, dict) and "from" in t for t in turns):
+            return (
+                f"; this looks like ShareGPT: rename {key!r} to 'messages', 'from' to 'role' and 'value' to "
+                f"'content', with roles human -> user, gpt -> assistant"
+            )
+        if isinstance(turns, list):
+            return f"; it has {key!r}: rename that key to 'messages'"
+    if {"prompt", "completion"} <= row.keys():
         return (
             '; this looks like prompt/completion: write {"messages": [{"role": "user", "content": prompt}, '
             '{"role": "assistant", "content": completion}]} (the loss then covers the completion only)'

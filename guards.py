@@ -50,9 +50,15 @@ class OutputDirError(RuntimeError):
     """OUTPUT_DIR could not be written (full, read-only, vanished): reported in one line, not a traceback."""
 
 
-def output_dir_problem(e: BaseException, output_dir: str) -> str | None:
-    """The one line for a failure to write `output_dir` (a save, the metrics, a trace), else None."""
-    if isinstance(e, OutputDirError):
+class JobStopped(RuntimeError):
+    """A guard stopped the job on purpose (replica drift, NAN_POLICY=stop, ranks that disagree on OUTPUT_DIR):
+    an expected failure, reported in one line, not a traceback."""
+
+
+def one_line(e: BaseException, output_dir: str) -> str | None:
+    """The one line for an expected failure: a guard's stop, or a failure to write `output_dir` (a save, the
+    metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
+    if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
     out = Path(output_dir).resolve()
     if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
@@ -61,10 +67,18 @@ def output_dir_problem(e: BaseException, output_dir: str) -> str | None:
 
 
 def record_for_torchrun(error: BaseException) -> None:
-    """torchrun's failure summary then shows this error as the root cause, instead of error_file: <N/A>."""
+    """torchrun's failure summary then shows this error as the root cause, instead of error_file: <N/A>: for an
+    expected failure (bad input, a guard's stop, OUTPUT_DIR) its one line, else the traceback."""
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    ErrorHandler().record_exception(error)
+    line = f"{type(error).__name__}: {error}"
+    if isinstance(error, (InputError, JobStopped, OutputDirError)) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        info = {"py_callstack": line, "timestamp": str(int(time.time()))}
+        Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(
+            json.dumps({"message": {"message": line, "extraInfo": info}})
+        )
+    else:
+        ErrorHandler().record_exception(error)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,7 +357,7 @@ def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str) -> str
     collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
     cause another rank posted is added here."""
     rank = watchdog.rank
-    if line := output_dir_problem(e, output_dir):  # the user's environment, not a bug: one line says it all
+    if line := one_line(e, output_dir):  # expected, not a bug: one line says it all
         report = f"[rank {rank}] error: {line} ({watchdog.position})\n"
     else:
         line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -382,7 +396,7 @@ def check_replicas_identical(model, step: int) -> str:
         # Name the ranks outside the largest agreeing group (ties: rank 0's group), not "all but rank 0".
         majority = max(set(sums), key=lambda s: (sums.count(s), s == sums[0]))
         differing = [r for r, s in enumerate(sums) if s != majority]
-        raise RuntimeError(
+        raise JobStopped(
             f"replica drift at step {step}: adapter weights on rank(s) {differing} differ from "
             f"the other ranks' (checksums by rank: {sums})"
         )

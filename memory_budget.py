@@ -817,10 +817,19 @@ def main(argv=None) -> int:
         layout = layout_from_args(args)
     except ValueError as e:
         ap.error(str(e))
-    shapes = param_shapes_from_path(args.model)
+    try:
+        shapes, config = param_shapes_from_path(args.model), load_config(args.model)
+    except Exception as e:  # no such folder or hub id, no network, a gated model without a token: one line
+        hub = (
+            "" if Path(args.model).exists() else "; a hub id needs the network (or HF_HUB_OFFLINE=1 and a cached copy)"
+        )
+        print(
+            f"error: {args.model}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hub}", file=sys.stderr
+        )
+        return 2
     result = estimate(
         shapes,
-        load_config(args.model),
+        config,
         layout,
         seq_len=args.seq_len,
         world_size=args.gpus_per_node * args.nodes,

@@ -4,12 +4,14 @@
   from; every unparsable or disallowed value at once, as one InputError (before any collective).
 - misspelled(): environment variables that look like a misspelled constant (MICROBATCH).
 - planned(): the same settings with the planner's choices, marked as such.
-- check_model_source(), check_writable(): a missing model or an unwritable OUTPUT_DIR fails at once.
+- check_model_source(), check_pattern(), check_writable(): a missing model or one of another architecture, a
+  regex that does not compile, an unwritable OUTPUT_DIR: each fails at once, before anything slow.
 - record(), show(): the settings grouped by source, printed once and saved with the run.
 """
 
 import dataclasses
 import difflib
+import json
 import os
 import re
 import socket
@@ -86,22 +88,38 @@ def show(settings: dict) -> str:
     return "\n".join(lines)
 
 
+GEMMA4_MODEL_TYPES = ("gemma4_unified", "gemma4", "gemma4_unified_text", "gemma4_text")
+
+
+def check_pattern(name: str, pattern: str) -> None:
+    """A regular expression setting (LORA_TARGETS) that does not compile fails with the checks, not after the
+    model has loaded."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise InputError(
+            f"{name}={pattern!r}: not a regular expression ({e}); PEFT full-matches it against module names, "
+            r"e.g. '.*language_model.*\.(q_proj|v_proj)'"
+        ) from None
+
+
 def check_model_source(model_id: str, model_config: str) -> None:
     """A model folder that does not exist, or a hub id that is not cached while offline, fails at once
-    (transformers would try the hub for either, and wait on the network)."""
+    (transformers would try the hub for either, and wait on the network); so does a config.json of
+    another architecture (this script's loss, attention and LoRA targets are Gemma 4's)."""
     if model_config:
         if not Path(model_config).is_file():
             raise InputError(f"MODEL_CONFIG {model_config!r}: no such file")
-        return
+        return check_architecture("MODEL_CONFIG", model_config, Path(model_config))
     if Path(model_id).exists():
-        return
+        return check_architecture("MODEL_ID", model_id, Path(model_id) / "config.json")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model_id) or model_id.startswith("."):
         raise InputError(f"MODEL_ID {model_id!r}: no such folder (a hub id looks like google/gemma-4-12B-it)")
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
-        return
+    if isinstance(cached := try_to_load_from_cache(model_id, "config.json"), str):
+        return check_architecture("MODEL_ID", model_id, Path(cached))
     if constants.HF_HUB_OFFLINE:
         raise InputError(
             f"MODEL_ID {model_id!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
@@ -126,3 +144,15 @@ def check_writable(directory: str) -> None:
         probe.unlink()
     except OSError as e:
         raise InputError(f"OUTPUT_DIR {directory!r} is not writable: {e}") from e
+
+
+def check_architecture(name: str, value: str, config_json: Path) -> None:
+    try:
+        model_type = json.loads(config_json.read_text()).get("model_type")
+    except (OSError, ValueError) as e:
+        raise InputError(f"{name} {value!r}: cannot read {config_json} ({type(e).__name__}: {e})") from None
+    if model_type not in GEMMA4_MODEL_TYPES:
+        raise InputError(
+            f"{name} {value!r}: {config_json.name} says model_type {model_type!r}; this script fine-tunes Gemma 4 "
+            f"({', '.join(GEMMA4_MODEL_TYPES)}), e.g. google/gemma-4-12B-it"
+        )

@@ -16,18 +16,22 @@ ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
             checkpoints the trainer writes (SAVE_EVERY, epoch ends).
   not modelled: the first step (allocator growth, kernel planning for each new length), evaluation
             (EVAL_PATH), the drift check, waiting for data, saving to slow shared storage.
-On the CPU this runs whatever model MODEL_ID names (the tiny default): its times do not transfer to GPUs.
+Configurations the data fill no optimizer step of are named and skipped before anything is measured.
+On the CPU this runs whatever model MODEL_ID names (the tiny default) on one thread, as torchrun gives each
+rank (unless OMP_NUM_THREADS says otherwise): its times do not transfer to GPUs.
 """
 
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
 from itertools import pairwise
 from pathlib import Path
 
 QUANTILES = {"short": 0.1, "typical": 0.5, "long": 0.9, "longest": 1.0}
+FEWER = "use fewer GPUs, a smaller MICRO_BATCH x ACCUM_STEPS, or more data"
 BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward FLOPs: the part of the last micro-batch the all-reduce hides behind
 
 
@@ -109,7 +113,9 @@ def predict(
         "steps_per_epoch": steps,
         "epoch_s": epoch_s,
         "step_s": train_s / steps,  # as the trainer's step_time_s: no checkpoint
-        "straggler_s": sum(step_s) - sum(map(sum, per_rank)) / ranks,  # waiting for the slowest rank, per epoch
+        "straggler_s": max(
+            0.0, sum(step_s) - sum(map(sum, per_rank)) / ranks
+        ),  # waiting for the slowest rank, per epoch
         "allreduce_exposed_s": exposed,
         "total_s": total_s,
         "gpu_hours": total_s * ranks / 3600,
@@ -149,6 +155,8 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
             continue
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        print(f"measuring {name}: {length} tokens, {warmup} warm-up + {steps} timed steps ...", end=" ", flush=True)
+        began = time.perf_counter()
         try:
             for i in range(warmup + steps):
                 if i == warmup:
@@ -157,9 +165,11 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
                 torch.nn.utils.clip_grad_norm_(params, run.GRAD_CLIP or math.inf)
                 optimizer.zero_grad(set_to_none=True)  # no update: the weights stay the same for every length
         except torch.OutOfMemoryError:
+            print("out of memory", flush=True)
             result["oom"].append(f"{name} ({length} tokens)")
             continue
         result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * run.ACCUM_STEPS)
+        print(f"{time.perf_counter() - began:.1f} s", flush=True)
         if device.type == "cuda":
             result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
     optimizer.zero_grad(set_to_none=True)
@@ -190,6 +200,7 @@ def main(argv=None) -> None:
     import settings
     import train_ddp as T
     from chat_data import ChatDataset, load_conversations, tokenize_conversation
+    from guards import InputError
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
@@ -197,6 +208,25 @@ def main(argv=None) -> None:
         torch.cuda.set_device(device)
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
     conversations = load_conversations(run.DATA_PATH)
+    configs, skipped = [], {}  # (nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule
+    for nodes in args.nodes:
+        for gpus in args.gpus_per_node:
+            try:
+                T.steps_per_epoch(len(conversations), gpus * nodes, run)
+                configs.append((nodes, gpus))
+            except InputError as e:  # said now, not after minutes of measuring
+                skipped[f"{nodes} x {gpus}"] = line = f"skipped {nodes} x {gpus} ({gpus * nodes} ranks): {e}; {FEWER}"
+                print(line, flush=True)
+    if not configs:
+        raise SystemExit(
+            f"{run.DATA_PATH}: {len(conversations)} rows fill no optimizer step of {', '.join(skipped)} "
+            f"(nodes x GPUs per node); {FEWER}"
+        )
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # plain python takes every core; torchrun's ranks take one each
+        print(
+            "CPU: 1 thread, as torchrun gives each rank (set OMP_NUM_THREADS to change); times do NOT transfer to GPUs"
+        )
     tokenizer = AutoTokenizer.from_pretrained(run.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
@@ -216,15 +246,11 @@ def main(argv=None) -> None:
     source = run.MODEL_CONFIG or run.MODEL_ID
     shapes, config = memory_budget.param_shapes_from_path(source), memory_budget.load_config(source)
     predictions = []
-    for nodes in args.nodes:
-        for gpus in args.gpus_per_node:
-            world = gpus * nodes
-            allreduce = memory_budget.estimate_run(run, shapes, config, world, bus_bw_gbps=args.bus_bw_gbps)
-            allreduce = allreduce["allreduce_seconds"] if world > 1 else 0
-            try:
-                predictions.append(predict(measured, tokens, group_keys, run, gpus, nodes, allreduce))
-            except ValueError as e:
-                raise SystemExit(f"{run.DATA_PATH}: {e}") from None
+    for nodes, gpus in configs:
+        world = gpus * nodes
+        allreduce = memory_budget.estimate_run(run, shapes, config, world, bus_bw_gbps=args.bus_bw_gbps)
+        allreduce = allreduce["allreduce_seconds"] if world > 1 else 0
+        predictions.append(predict(measured, tokens, group_keys, run, gpus, nodes, allreduce))
 
     machine = "times do NOT transfer to GPUs" if device.type == "cpu" else torch.cuda.get_device_name()
     print(
@@ -253,6 +279,8 @@ def main(argv=None) -> None:
             f"{p['straggler_s']:.1f} s | {p['allreduce_exposed_s']:.1f} s | {p['epoch_s'] / 60:.1f} min | "
             f"{p['total_s'] / 3600:.2f} h | {p['gpu_hours']:.2f} |"
         )
+    for line in skipped.values():  # again, below the table
+        print(line)
     if args.json:
         report = {"measured": measured, "predictions": predictions, "tokens": tokens, "target_fraction": targets}
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -361,7 +361,7 @@ def optimizer_step(optimizer, scheduler, params: list, cfg: Config, loss_sum: fl
     if finite:
         optimizer.step()
     elif cfg.NAN_POLICY == "stop":
-        raise RuntimeError(
+        raise guards.JobStopped(
             f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, grad norm {grad_norm}); "
             f"NAN_POLICY=stop"
         )
@@ -464,7 +464,7 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     chosen = [None] * dist.get_world_size()
     dist.all_gather_object(chosen, str(path) if path else None)
     if len(set(chosen)) > 1:
-        raise RuntimeError(
+        raise guards.JobStopped(
             f"ranks disagree on the checkpoint to resume from (by rank: {chosen}); "
             f"OUTPUT_DIR must be one shared folder, seen the same by every node"
         )
@@ -493,7 +493,7 @@ def already_complete(finished: str | None, cfg: Config, total_steps: int, device
     adapter = Path(cfg.OUTPUT_DIR) / "adapter"
     (votes,) = all_reduce_sum([float(finished is not None)], device)
     if 0 < votes < dist.get_world_size():
-        raise RuntimeError(
+        raise guards.JobStopped(
             f"ranks disagree whether {adapter} is complete ({votes:.0f} of {dist.get_world_size()} "
             f"see it intact): OUTPUT_DIR must be one shared folder, seen the same by every node"
         )
@@ -508,6 +508,8 @@ def already_complete(finished: str | None, cfg: Config, total_steps: int, device
 
 # ----------------------------------------------------------------------------------------------
 def main() -> None:
+    if "RANK" not in os.environ:
+        say("not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py")
     rank, local_rank, world = rank_info()
     device = rank_device(local_rank)
 
@@ -519,6 +521,7 @@ def main() -> None:
     for warning in settings.misspelled(sources):
         say(warning)
     settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)
+    settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)
     settings.check_writable(cfg.OUTPUT_DIR)
     lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     cfg, sources = plan(cfg, sources, world, device)

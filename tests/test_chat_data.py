@@ -1,5 +1,8 @@
 """chat_data.py: validation that names the file, line and field; the chat template's targets."""
 
+import codecs
+import json
+
 import pytest
 from conftest import SAMPLE_DATA
 
@@ -70,3 +73,41 @@ def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
     with pytest.raises(InputError) as e:
         chat_data.load_conversations(str(path))
     assert str(e.value).startswith(f"{path}:{error}"), str(e.value)
+
+
+def write_chat(tmp_path, *rows, prefix: bytes = b""):
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(prefix + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return str(path)
+
+
+def chat(user, assistant):
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    path = write_chat(tmp_path, chat("Hi", "Hello"), prefix=codecs.BOM_UTF8)
+    assert chat_data.load_conversations(path) == [chat("Hi", "Hello")["messages"]]
+
+
+def test_text_parts_are_joined_and_other_parts_refused(tmp_path):
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there."}]
+    row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": parts}]}
+    assert chat_data.load_conversations(write_chat(tmp_path, row))[0][1]["content"] == "Hello\nthere."
+    row["messages"][0]["content"] = [{"type": "image", "url": "cat.png"}]
+    with pytest.raises(InputError, match=r"chat\.jsonl:1: message 0: content part 0 is 'image'; only text parts"):
+        chat_data.load_conversations(write_chat(tmp_path, row))
+
+
+def test_an_empty_assistant_turn_is_refused_with_the_count_of_such_rows(tmp_path):
+    path = write_chat(tmp_path, chat("a", "b"), chat("c", ""), chat("d", "e"), chat("f", "  "))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(path)
+    assert str(e.value).startswith(f"{path}:2: an assistant turn with empty content, in 2 row(s) (lines 2, 4); drop")
+
+
+@pytest.mark.parametrize("key", ["conversation", "conversations", "message"])
+def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
+    path = write_chat(tmp_path, {key: chat("Hi", "Yo")["messages"]})
+    with pytest.raises(InputError, match=rf"chat\.jsonl:1: .*it has '{key}': rename that key to 'messages'"):
+        chat_data.load_conversations(path)

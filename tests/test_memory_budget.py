@@ -3,6 +3,7 @@ counts against PEFT, the activation model against autograd's saved tensors, and 
 
 import collections
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -486,3 +487,16 @@ def test_the_global_layers_kernel_drops_their_mask_bias_and_then_their_repeated_
     tokens, global_layers = 2048, 8
     assert peak["masked"] - peak["sdpa"] == global_layers * tokens * 2 * 2048
     assert peak["sdpa"] - peak["ffpa"] == global_layers * tokens * 2 * 2 * (16 - 2) * 512
+
+
+def test_a_hub_id_that_cannot_be_reached_is_one_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # offline, nothing cached
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "memory_budget.py"), "google/gemma-4-12B-it"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("error: google/gemma-4-12B-it: ") and len(run.stderr.splitlines()) == 1

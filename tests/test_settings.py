@@ -41,3 +41,18 @@ def test_the_planners_choices_are_recorded_and_shown_as_planner():
     assert lines[0] == "settings (env): LR=0.0001"
     assert lines[1] == "settings (planner): MICRO_BATCH=2 ACCUM_STEPS=4"
     assert lines[2].startswith("settings (default): MODEL_ID=")
+
+
+def test_a_regex_that_does_not_compile_is_named():
+    settings.check_pattern("LORA_TARGETS", r".*\.(q_proj|v_proj)")
+    with pytest.raises(InputError, match=r"LORA_TARGETS='\(q_proj': not a regular expression \(missing \)"):
+        settings.check_pattern("LORA_TARGETS", "(q_proj")
+
+
+def test_a_model_of_another_architecture_is_refused_from_its_config(tmp_path, tiny_model_path):
+    settings.check_model_source(str(tiny_model_path), "")  # the embedded Gemma 4 passes
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(InputError, match=r"config\.json says model_type 'llama'; this script fine-tunes Gemma 4"):
+        settings.check_model_source(str(tmp_path), "")
+    with pytest.raises(InputError, match=r"MODEL_CONFIG .* says model_type 'llama'"):
+        settings.check_model_source("", str(tmp_path / "config.json"))

@@ -89,7 +89,9 @@ def test_an_allreduce_longer_than_the_last_backward_is_exposed():
     assert exposed["allreduce_exposed_s"] == pytest.approx(2 * (0.5 - TB.BACKWARD_SHARE * 0.3))
 
 
-def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, monkeypatch, capsys):
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch):
+    """A process group of one, gone after the test; torch's thread count as it was (main() may pin it)."""
     for name, value in {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -97,11 +99,19 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, mo
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }.items():
-        monkeypatch.setenv(name, value)  # a process group of one, gone after the test
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, capsys):
     report = tmp_path / "report.json"
-    TB.main(["--gpus-per-node", "1", "2", "--warmup", "1", "--steps", "1", "--json", str(report)])
+    TB.main(["--gpus-per-node", "1", "2", "16", "--warmup", "0", "--steps", "1", "--json", str(report)])
     out = capsys.readouterr().out
     assert "times do NOT transfer to GPUs" in out and "| 1 x 2 |" in out
+    skipped = "skipped 1 x 16 (16 ranks): "  # 96 rows, 16 x 1 x 8 per step: named before measuring, not predicted
+    assert out.index(skipped) < out.index("measuring short: ") and "| 1 x 16 |" not in out
     result = json.loads(report.read_text())
     lengths = sorted(result["tokens"])
     expected = {TB.padded(TB.quantile(lengths, q), T.Config.PAD_TO_MULTIPLE) for q in TB.QUANTILES.values()}
@@ -109,3 +119,38 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, mo
     one, two = result["predictions"]
     assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1, T.Config())
     assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2, T.Config())
+
+
+def test_data_that_fill_no_step_of_any_configuration_stop_it_before_measuring(monkeypatch, capsys, sample_data_path):
+    monkeypatch.setenv("DATA_PATH", str(sample_data_path))
+    monkeypatch.setattr(TB, "measure", lambda *a: pytest.fail("measured a run that cannot take a step"))
+    with pytest.raises(SystemExit) as stop:
+        TB.main(["--gpus-per-node", "16", "--nodes", "2"])  # 96 rows; one step of 32 ranks takes 256
+    assert str(sample_data_path) in str(stop.value) and "2 x 16" in str(stop.value)
+    assert "skipped 2 x 16 (32 ranks): " in capsys.readouterr().out
+
+
+class Measuring(Exception):
+    """Raised where main() starts measuring: what it set up by then is checked, nothing is run."""
+
+
+@pytest.mark.parametrize("omp_num_threads", [None, "3"])
+def test_on_the_cpu_threads_are_one_as_torchrun_sets_them_unless_omp_num_threads_says(
+    omp_num_threads, monkeypatch, capsys
+):
+    if omp_num_threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)  # read by torch at start: here it only says "leave it"
+    torch.set_num_threads(3)
+    seen = []
+
+    def measure(*args):
+        seen.append(torch.get_num_threads())
+        raise Measuring
+
+    monkeypatch.setattr(TB, "measure", measure)
+    with pytest.raises(Measuring):
+        TB.main(["--gpus-per-node", "1"])
+    pinned = "CPU: 1 thread, as torchrun gives each rank" in capsys.readouterr().out
+    assert (seen, pinned) == (([1], True) if omp_num_threads is None else ([3], False))

@@ -8,7 +8,17 @@ import sys
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, cpu_config, free_port, kill_tree, nonzero_lora_b, torchrun
+from conftest import (
+    BACKENDS,
+    ROOT,
+    SAMPLE_DATA,
+    cpu_config,
+    free_port,
+    kill_tree,
+    launch_env,
+    nonzero_lora_b,
+    torchrun,
+)
 
 import chat_data
 import train_ddp as T
@@ -201,6 +211,20 @@ BAD_INPUTS = {
         {"OUTPUT_DIR": "/proc/forbidden"},
         r"OUTPUT_DIR '/proc/forbidden' is not writable",
     ),
+    "regex-invalid": (  # before the model loads: re.error came after ~20 s, as a traceback
+        lambda d: SAMPLE_DATA,
+        {"LORA_TARGETS": "(q_proj"},
+        r"LORA_TARGETS='\(q_proj': not a regular expression \(missing \), unterminated subpattern",
+    ),
+    "other-architecture": (  # transformers raised AttributeError: 'dict' object has no attribute 'to_dict'
+        lambda d: (
+            (d / "llama").mkdir(exist_ok=True)
+            or (d / "llama" / "config.json").write_text('{"model_type": "llama"}')
+            and SAMPLE_DATA
+        ),
+        {"MODEL_ID": "__TMP__/llama"},
+        r"MODEL_ID '.*/llama': config\.json says model_type 'llama'; this script fine-tunes Gemma 4",
+    ),
     "regex-matches-nothing": (
         lambda d: SAMPLE_DATA,
         {"LORA_TARGETS": r".*\.nonexistent_proj"},
@@ -284,7 +308,7 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
                 "DATA_PATH": str(make_data(tmp_path)),
                 "OUTPUT_DIR": str(tmp_path / "out"),
                 "DIST_TIMEOUT_S": "120",
-                **env,
+                **{k: v.replace("__TMP__", str(tmp_path)) for k, v in env.items()},
             },
         )
         for rank in (0, 1)
@@ -297,6 +321,19 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
             pytest.fail(f"rank {rank} alone did not exit within 60 s: it waits for its peer (a collective)")
         assert proc.returncode == 2, out[-3000:]
         assert re.search(rf"^\[rank {rank}\] error: .*{message}", out, re.M), out[-3000:]
+
+
+def test_without_torchrun_it_says_how_to_launch_and_still_trains(tmp_path):
+    env = {**os.environ, **launch_env(), "OUTPUT_DIR": str(tmp_path / "out"), "MASTER_PORT": str(free_port())}
+    env.update(MAX_STEPS="1", ACCUM_STEPS="1", NUM_WORKERS="0", MAX_LEN="128")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "train_ddp.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith(
+        "not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py\n"
+    )
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------- optimisations compute the same thing
