@@ -39,6 +39,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from torch.utils.data import DataLoader
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -405,6 +407,24 @@ def check_replicas_identical(model, step: int) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # DataLoader workers that live and die with their rank
+
+
+class RankDataLoader(DataLoader):
+    """A DataLoader whose workers live and die with this rank (bind_worker_to_rank). They are forked with SIGTERM
+    blocked, so that every thread they start blocks it too: a thread started before worker_init_fn runs (an
+    OpenMP pool, after torch.set_num_threads in the rank) would otherwise take a group-wide SIGTERM and die."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, worker_init_fn=loader_worker_init(os.getpid()), **kwargs)
+
+    def __iter__(self):
+        if not hasattr(signal, "sigwaitinfo"):  # macOS: SIGTERM keeps its default action in the workers
+            return super().__iter__()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the workers fork now
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGTERM meanwhile reaches the rank now
 
 
 def loader_worker_init(rank_pid: int):

@@ -285,14 +285,13 @@ def train_loader(dataset, cfg: Config, rank: int, world: int, epoch: int, skip: 
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.SEED, drop_last=True)
     sampler.set_epoch(epoch)
     lengths = dataset.lengths if cfg.GROUP_BY_LENGTH else None
-    return DataLoader(
+    return guards.RankDataLoader(  # a DataLoader whose workers live and die with this rank
         dataset,
         batch_size=cfg.MICRO_BATCH,
         sampler=StepOrder(sampler, skip, lengths, window=cfg.MICRO_BATCH * cfg.ACCUM_STEPS),
         drop_last=True,
         collate_fn=collate,
         num_workers=cfg.NUM_WORKERS,
-        worker_init_fn=guards.loader_worker_init(os.getpid()),  # they live and die with this rank
         persistent_workers=False,
         pin_memory=torch.cuda.is_available(),
     )

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import alive
-from torch.utils.data import DataLoader
 
 import guards
 
@@ -26,11 +26,11 @@ def wait_until(condition, timeout: float = 5.0) -> bool:
     return False
 
 
-def test_a_worker_ignores_another_process_sigterm_and_ends_on_its_own_ranks():
-    loader = DataLoader(
-        range(1000), batch_size=10, num_workers=1, worker_init_fn=guards.loader_worker_init(os.getpid())
-    )
-    batches = iter(loader)
+@pytest.mark.parametrize("threads_set", [False, True], ids=["plain", "after-set_num_threads"])
+def test_a_worker_ignores_another_process_sigterm_and_ends_on_its_own_ranks(threads_set):
+    if threads_set:  # the worker then starts a thread before worker_init_fn: it must block SIGTERM too
+        torch.set_num_threads(torch.get_num_threads())
+    batches = iter(guards.RankDataLoader(range(1000), batch_size=10, num_workers=1))
     assert next(batches).tolist() == list(range(10))
     (worker,) = batches._workers
     subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # as torchrun's killpg at preemption
@@ -47,9 +47,8 @@ def test_a_worker_ignores_another_process_sigterm_and_ends_on_its_own_ranks():
 CHILD = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from torch.utils.data import DataLoader
 import guards
-batches = iter(DataLoader(range(100), num_workers=2, worker_init_fn=guards.loader_worker_init(os.getpid())))
+batches = iter(guards.RankDataLoader(range(100), num_workers=2))
 next(batches)
 print(" ".join(str(w.pid) for w in batches._workers), flush=True)
 time.sleep(0.3)
