@@ -1,6 +1,7 @@
 """Guards around the training job: what keeps a failure from becoming a hang or a lost run.
 
-- InputError / OutputDirError: bad input, an OUTPUT_DIR that cannot be written: one line, not a traceback.
+- InputError / OutputDirError / JobStopped: bad input, an OUTPUT_DIR that cannot be written, a guard's stop:
+  expected failures, each one line, not a traceback.
 - HangWatchdog: a collective stuck past the timeout ends the rank with a report (on NCCL too, where the
   wait is on the GPU); it beats in the rendezvous store, so peers can tell a dead process from a slow one.
 - GracefulStop: SIGTERM, Ctrl-C or a lost launcher finish the step, checkpoint and exit 0.
@@ -39,6 +40,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -99,8 +102,6 @@ class StepPosition:
 
 def flight_recorder(json_format: bool = True, **kwargs):
     """This rank's flight recorder dump: NCCL's recorder on GPUs, the generic one (gloo) on CPU."""
-    import torch
-
     c10d = torch._C._distributed_c10d
     names = ["_dump_nccl_trace", "_dump_fr_trace"] if torch.cuda.is_available() else ["_dump_fr_trace"]
     names = [n + ("_json" if json_format else "") for n in names]
@@ -121,11 +122,8 @@ class HangWatchdog(threading.Thread):
     """
 
     def __init__(self, rank: int, world: int, timeout_s: float, stop: "GracefulStop"):
-        import torch
-        import torch.distributed as dist
-
         super().__init__(daemon=True, name="hang-watchdog")
-        self.rank, self.world, self.timeout_s, self.stop_request = rank, world, timeout_s, stop
+        self.rank, self.world, self.timeout_s, self.graceful = rank, world, timeout_s, stop
         self.position = StepPosition()
         self.grace_s = 0 if torch.cuda.is_available() else 5
         attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -158,8 +156,8 @@ class HangWatchdog(threading.Thread):
                         self.posted = entered
             except (RuntimeError, OSError) as e:  # the store lives in torchrun's agent: the launcher is gone
                 launcher_gone = True
-                self.stop_request.request("the loss of the launcher")
-                self.say(
+                self.graceful.request("the loss of the launcher")
+                self.report(
                     f"the launcher is gone (its store does not answer: {type(e).__name__}): "
                     f"stopping after this step with a checkpoint ({self.position})"
                 )
@@ -173,14 +171,14 @@ class HangWatchdog(threading.Thread):
                 ]
                 report = f"collective timeout {self.position}: {self.describe(pending[0])}"
                 cause = self.first_failure()
-                self.say(
+                self.report(
                     f"{report}\n[rank {self.rank}] main thread: {' -> '.join(calls)}"
                     + (f"\n[rank {self.rank}] {cause}" if cause else "")
                 )
                 record_for_torchrun(TimeoutError(report))
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
 
-    def say(self, text: str) -> None:
+    def report(self, text: str) -> None:
         print(f"[rank {self.rank}] {text}", file=sys.stderr, flush=True)
 
     def post_failure(self, line: str) -> None:
@@ -308,7 +306,7 @@ class GracefulStop:
             if gone or time.monotonic() - start > self.GRACE_S:
                 why = f"rank(s) {gone} stopped beating" if gone else f"no step boundary within {self.GRACE_S:.0f} s"
                 cause = self.watchdog.first_failure()
-                self.watchdog.say(
+                self.watchdog.report(
                     f"{self.signal.name}: {why} ({self.watchdog.position}); exiting without a checkpoint"
                     + (f"\n[rank {self.watchdog.rank}] {cause}" if cause else "")
                 )
@@ -347,15 +345,13 @@ def leave_process_group() -> None:
     """destroy_process_group(), on gloo after a pause. gloo's worker thread frees the last collectives'
     tensors, which takes the GIL; freeing the process group (in DDP's destructor, GIL held) joins that
     thread. Caught once in CI: both waited forever (torch 2.13). The pause lets the thread finish first."""
-    import torch.distributed as dist
-
     if dist.get_backend() == "gloo":
         time.sleep(0.5)
     dist.destroy_process_group()
 
 
 def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str) -> str:
-    """What a failed rank prints: one line for an OUTPUT_DIR that cannot be written; else the traceback, the
+    """What a failed rank prints: one line for an expected failure (one_line); else the traceback, the
     collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
     cause another rank posted is added here."""
     rank = watchdog.rank
@@ -389,8 +385,6 @@ def adapter_checksum(model) -> str:
 
 def check_replicas_identical(model, step: int) -> str:
     """All-gather the adapter checksum; stop every rank with the same error if any replica differs."""
-    import torch.distributed as dist
-
     mine = adapter_checksum(model)
     sums = [None] * dist.get_world_size()
     dist.all_gather_object(sums, mine)

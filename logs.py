@@ -15,9 +15,14 @@ from pathlib import Path
 import torch
 
 
+def is_rank0() -> bool:
+    """RANK from torchrun's environment (also before the process group exists); no RANK: one process."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def say(msg: str) -> None:
-    """Print on rank 0 only (RANK from torchrun; before the process group exists too)."""
-    if os.environ.get("RANK", "0") == "0":
+    """Print on rank 0 only."""
+    if is_rank0():
         from tqdm import tqdm
 
         tqdm.write(msg, file=sys.stdout)
@@ -45,7 +50,7 @@ class StepLog:
 
         self.output_dir, self.log_every, self.total_steps, self.device = output_dir, log_every, total_steps, device
         self.predict_peak_gib, self.longest = predict_peak_gib, 0
-        self.rank0 = os.environ.get("RANK", "0") == "0"
+        self.rank0 = is_rank0()
         self.bar = tqdm(
             total=total_steps,
             initial=done,

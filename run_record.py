@@ -116,7 +116,7 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def write(folder: Path, run_config: dict, progress: dict) -> None:
+def write_run_json(folder: Path, run_config: dict, progress: dict) -> None:
     """folder/run.json: the run's settings and identity, and how far it got (read by resume and reruns)."""
     (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
 
@@ -167,9 +167,9 @@ def readable_size(n_bytes: float) -> str:
 
 
 def finished(run, current: dict, total_steps: int) -> str | None:
-    """For a train_ddp.py run (its settings `run`, identity `current`) with RESUME=auto: None if it has steps
-    left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ from those it was
-    trained on (the run is complete all the same)."""
+    """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`) with RESUME=auto:
+    None if it has steps left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ
+    from those it was trained on (the run is complete all the same)."""
     if run.RESUME != "auto":
         return None
     adapter = Path(run.OUTPUT_DIR) / "adapter"
@@ -184,10 +184,10 @@ def finished(run, current: dict, total_steps: int) -> str | None:
 
 
 def checkpoint_to_resume(run, current: dict) -> Path | None:
-    """The checkpoint a train_ddp.py run (settings `run`, identity `current`) continues: RESUME's path or, with
-    "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh
-    start. One written by another run (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES
-    allows the differences."""
+    """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`)
+    continues: RESUME's path or, with "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named
+    and skipped); None for a fresh start. One written by another run (see identity()) is named and refused,
+    unless RESUME_ALLOW_CHANGES allows the differences."""
     resume = run.RESUME
     if not resume:
         return None

@@ -8,7 +8,8 @@ DistributedSampler loader, forward_backward with no_sync, rank-0 checkpoints, th
 can be overridden by an environment variable of the same name (torchrun passes the environment to every
 rank, so all ranks see the same configuration). The machinery lives beside it: settings.py (reading and
 checking the constants), guards.py (hangs, preemption, failure reports), chat_data.py and collate.py (the
-data), logs.py (metrics), run_record.py (run identity, atomic saves), memory_budget.py (the planner).
+data), lm_loss.py (the loss DDP wraps), logs.py (metrics), run_record.py (run identity, atomic saves),
+memory_budget.py (the planner).
 """
 
 import dataclasses
@@ -39,7 +40,7 @@ from chat_data import ChatDataset, data_summary, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
-from logs import StepLog, profiled, say, where_everything_is
+from logs import StepLog, is_rank0, profiled, say, where_everything_is
 
 HERE = Path(__file__).resolve().parent
 # Two known, harmless deprecations every rank would print: PEFT reads transformers' old
@@ -214,11 +215,11 @@ def load_model(cfg: Config, device: torch.device):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    if os.environ.get("RANK", "0") != "0":
+    if not is_rank0():
         hf_logging.disable_progress_bar()  # the weight-loading bar once, on rank 0
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    implementation = attention.register(cfg.ATTENTION_KERNEL)  # the planner's kernel for the global layers
+    implementation = attention.register(attention.choose(cfg.ATTENTION_KERNEL, device)[0])  # as plan() chose
     if cfg.MODEL_CONFIG:  # random weights, same on every rank (same seed); DDP broadcasts rank 0's anyway
         torch.manual_seed(cfg.SEED)
         with device:
@@ -429,7 +430,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
         def write(folder: Path) -> None:
             model.module.lm.save_pretrained(folder)  # model.module unwraps DDP
             torch.save({"optimizer": optimizer.state_dict(), "progress": progress}, folder / "trainer_state.pt")
-            run_record.write(folder, run_config, progress)
+            run_record.write_run_json(folder, run_config, progress)
 
         final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         run_record.publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # + AdamW's moments
@@ -449,7 +450,7 @@ def save_adapter(model: DDP, run_config: dict, progress: dict, output_dir: str) 
 
         def write(folder: Path) -> None:
             model.module.lm.save_pretrained(folder)
-            run_record.write(folder, run_config, progress)
+            run_record.write_run_json(folder, run_config, progress)
 
         run_record.publish_atomically(final, write, expected_bytes=adapter_bytes(model))
     dist.barrier()
@@ -524,13 +525,15 @@ def main() -> None:
     settings.check_writable(cfg.OUTPUT_DIR)
     lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     cfg, sources = plan(cfg, sources, world, device)
+    conversations = load_conversations(cfg.DATA_PATH)
+    eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
+    n_steps_epoch = steps_per_epoch(len(conversations), world, cfg)
+    total_steps = min(cfg.MAX_STEPS or math.inf, cfg.EPOCHS * n_steps_epoch)
     tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
     dataset, eval_set = (
-        ChatDataset(load_conversations(path), tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if path else None
-        for path in (cfg.DATA_PATH, cfg.EVAL_PATH)
+        ChatDataset(rows, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if rows else None
+        for rows in (conversations, eval_conversations)
     )
-    n_steps_epoch = steps_per_epoch(len(dataset), world, cfg)
-    total_steps = min(cfg.MAX_STEPS or math.inf, cfg.EPOCHS * n_steps_epoch)
     say(data_summary(dataset, n_steps_epoch * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS, cfg.DATA_PATH))
     identity = run_record.identity(cfg, world)
     finished = run_record.finished(cfg, identity, total_steps)

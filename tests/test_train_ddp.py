@@ -201,6 +201,7 @@ BAD_INPUTS = {
         r"x\.jsonl:1: message 0 is from the assistant",
     ),
     "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
+    "empty-data-path": (lambda d: "", {}, r"cannot read data file : "),
     "too-few-samples": (
         lambda d: write_rows(d / "x.jsonl", sample_rows(3)),
         {"ACCUM_STEPS": "2"},

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer  # noqa: E402
 import memory_budget  # noqa: E402
 import time_budget  # noqa: E402
 import train_ddp as T  # noqa: E402
+from chat_data import ChatDataset, tokenize_conversation  # noqa: E402
 
 rng, words = random.Random(0), "gradient token rank batch memory network device update adapter sequence value".split()
 conversations = []
@@ -25,19 +26,19 @@ for i in range(256):
     n = max(8, min(3000, int(rng.lognormvariate(5.5, 0.8))))
     answer = " ".join(rng.choice(words) for _ in range(n))
     conversations.append([{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": answer}])
-tokenizer = AutoTokenizer.from_pretrained(T.MODEL_ID)
-tokens = [len(T.tokenize_conversation(tokenizer, c, 2048, True)["input_ids"]) for c in conversations]
-group_keys = T.ChatDataset(conversations, tokenizer, 2048, True).lengths
-settings = {
-    "SEED": 1234,
-    "MICRO_BATCH": 2,
-    "ACCUM_STEPS": 4,
-    "GROUP_BY_LENGTH": True,
-    "PAD_TO_MULTIPLE": 64,
-    "SAVE_EVERY": 0,
-    "EPOCHS": 1,
-    "MAX_STEPS": 0,
-}
+tokenizer = AutoTokenizer.from_pretrained(T.Config.MODEL_ID)
+tokens = [len(tokenize_conversation(tokenizer, c, 2048, True)["input_ids"]) for c in conversations]
+group_keys = ChatDataset(conversations, tokenizer, 2048, True).lengths
+settings = T.Config(
+    SEED=1234,
+    MICRO_BATCH=2,
+    ACCUM_STEPS=4,
+    GROUP_BY_LENGTH=True,
+    PAD_TO_MULTIPLE=64,
+    SAVE_EVERY=0,
+    EPOCHS=1,
+    MAX_STEPS=0,
+)
 call = json.loads((HERE / "call4" / "predicted.json").read_text())
 measured = {**call["measured"], "micro_batch_s": {int(k): v for k, v in call["measured"]["micro_batch_s"].items()}}
 config = HERE.parent.parent / "configs" / "gemma-4-12b.json"
