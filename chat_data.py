@@ -2,6 +2,7 @@
 with the tokenizer's chat template into token ids and labels (assistant turns only, or every token)."""
 
 import codecs
+import functools
 import json
 from pathlib import Path
 
@@ -104,13 +105,18 @@ def format_hint(row) -> str:
     return ""
 
 
+def rendered_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+    """The conversation through the chat template, as token ids (the template emits <bos>: never add it twice)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
     """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
-    assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
+    assistant turn's tokens through its end-of-turn token."""
 
     def render(msgs, add_generation_prompt=False):
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return rendered_ids(tokenizer, msgs, add_generation_prompt)
 
     input_ids = render(messages)
     if not assistant_only:
@@ -145,11 +151,17 @@ class ChatDataset(Dataset):
     def __getitem__(self, i):
         return tokenize_conversation(self.tokenizer, self.conversations[i], self.max_len, self.assistant_only)
 
+    @functools.cached_property
+    def token_lengths(self) -> list[int]:
+        """Every conversation's tokens, at most max_len (what packing needs before the first step)."""
+        return [min(len(rendered_ids(self.tokenizer, c)), self.max_len) for c in self.conversations]
 
-def data_summary(dataset: ChatDataset, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:
+
+def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:
     """What the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread
-    over the file (the same rows on every rank; this also checks the chat template). Stops when no row keeps
-    a target."""
+    over the file (the same rows on every rank; this also checks the chat template), and with packing how full
+    the first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no row keeps a
+    target."""
     rows, max_len = dataset.conversations, dataset.max_len
     sample = rows[:: max(1, len(rows) // sample_size)]
     cut = targets = kept = no_target = 0
@@ -171,5 +183,14 @@ def data_summary(dataset: ChatDataset, used_per_epoch: int, path: str, sample_si
     return (
         f"data: {len(rows)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "
         f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
-        f"{len(rows) - used_per_epoch} rows per epoch left out by drop_last"
+        f"{len(epoch_data) - used_per_epoch} {'packed ' if epoch_data is not dataset else ''}rows per epoch left out "
+        f"by drop_last" + (packing_fill(dataset, epoch_data) if epoch_data is not dataset else "")
+    )
+
+
+def packing_fill(dataset: ChatDataset, packed) -> str:
+    tokens = sum(dataset.token_lengths)
+    return (
+        f"; packed {len(dataset)} conversations into {len(packed)} rows of MAX_LEN={dataset.max_len}: fill "
+        f"{tokens / (len(packed) * dataset.max_len):.1%}"
     )

@@ -32,9 +32,15 @@ class CausalLMLoss(torch.nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def forward(self, input_ids, attention_mask, labels, right_padded=False):
+    def forward(self, input_ids, attention_mask, labels, right_padded=False, position_ids=None):
+        if position_ids is not None:  # packed rows: no mask, so transformers confines attention to each conversation
+            attention_mask = None
         hidden = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, right_padded=right_padded
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            right_padded=right_padded,
         ).last_hidden_state
         hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
         n_targets = (targets != IGNORE_INDEX).sum()
