@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import SAMPLE_DATA, cpu_config, nonzero_lora_b
+from conftest import ROOT, SAMPLE_DATA, cpu_config, nonzero_lora_b, torchrun
 
 import packing
 import train_ddp as T
@@ -78,3 +78,23 @@ def test_no_conversation_sees_another_in_its_row(tokenizer, model_and_rows):
     first = len(examples[0]["input_ids"])  # everything after the changed first conversation must stay the same
     torch.testing.assert_close(logits[1][first:], logits[0][first:], rtol=0, atol=1e-5)
     assert not torch.allclose(logits[1][:first], logits[0][:first])
+
+
+def test_a_packed_run_that_loses_a_rank_mid_epoch_resumes_bitwise(tmp_path):
+    """Packed rows are skipped exactly on resume: a group restarted after a rank died at step 3 ends with the
+    adapter of the uninterrupted run."""
+    from test_recovery import FAULTY_TRAIN, RUN, adapter, assert_bitwise_equal, metrics, resumed_step
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(SAMPLE_DATA.read_text().splitlines()[:40]) + "\n")
+    env = {**RUN, "DATA_PATH": str(data), "PACKING": "1", "MAX_LEN": "256", "MICRO_BATCH": "1", "SAVE_EVERY": "1"}
+    env.pop("EVAL_EVERY")
+    reference = torchrun(ROOT / "train_ddp.py", env={**env, "OUTPUT_DIR": str(tmp_path / "reference")})
+    assert reference.returncode == 0, reference.output[-4000:]
+    faulty = {**env, "OUTPUT_DIR": str(tmp_path / "out"), "FAULT": "die@3@1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    run = torchrun(FAULTY_TRAIN, env=faulty, extra_torchrun_args=("--max_restarts=1",), timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    step = resumed_step(run.output)  # the newest checkpoint rank 0 wrote before the group broke up
+    epoch_of = {r["step"]: r["epoch"] for r in metrics(tmp_path / "reference") if "epoch" in r}
+    assert epoch_of[step] == epoch_of[step + 1], epoch_of  # mid-epoch: the resumed epoch skips rows already trained
+    assert_bitwise_equal(adapter(tmp_path / "out"), adapter(tmp_path / "reference"))
