@@ -604,6 +604,11 @@ def plan_for_memory_target(
     )
 
 
+def attention_of(run) -> str:
+    """The global layers' path in a train_ddp.py run: packed rows keep transformers' mask ("masked")."""
+    return "masked" if run.PACKING else run.ATTENTION_KERNEL
+
+
 def layout_of(run) -> Layout:
     """The layout a train_ddp.py run's settings describe (any object with its constant names)."""
     return Layout(run.MICRO_BATCH, run.GRADIENT_CHECKPOINTING, run.CHECKPOINT_OFFLOAD, run.CE_CHUNK_TOKENS)
@@ -622,7 +627,7 @@ def estimate_run(run, param_shapes: dict, text_config: dict, world_size: int, **
             "targets": run.LORA_TARGETS,
             "accum": run.ACCUM_STEPS,
             "lora_dropout": run.LORA_DROPOUT,
-            "attention": run.ATTENTION_KERNEL,
+            "attention": attention_of(run),
             **kwargs,
         },
     )
@@ -653,7 +658,7 @@ def plan_run(run, world_size: int) -> tuple[dict, str]:
         lora_r=run.LORA_R,
         targets=run.LORA_TARGETS,
         lora_dropout=run.LORA_DROPOUT,
-        attention=run.ATTENTION_KERNEL,
+        attention=attention_of(run),
     )
     layout = plan["layout"]
     chosen = {

@@ -500,3 +500,14 @@ def test_a_hub_id_that_cannot_be_reached_is_one_line(tmp_path):
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.startswith("error: google/gemma-4-12B-it: ") and len(run.stderr.splitlines()) == 1
+
+
+def test_packed_rows_are_planned_with_the_masked_global_layers(shapes_12b):
+    import train_ddp as T
+
+    config = mb.load_config(CONFIG_12B)
+    packed = T.Config(ATTENTION_KERNEL="ffpa", PACKING=True, GRADIENT_CHECKPOINTING=0)
+    expected = mb.estimate(shapes_12b, config, mb.layout_of(packed), seq_len=2048, accum=8, attention="masked")
+    assert mb.estimate_run(packed, shapes_12b, config, 1)["peak_bytes"] == expected["peak_bytes"]
+    unpacked = mb.estimate_run(T.Config(ATTENTION_KERNEL="ffpa", GRADIENT_CHECKPOINTING=0), shapes_12b, config, 1)
+    assert unpacked["peak_bytes"] < expected["peak_bytes"]
