@@ -600,7 +600,8 @@ def main() -> None:
         if cfg.SAVE_ON_SIGTERM:
             stop.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
         predict = functools.partial(memory_budget.predicted_peak_gib, cfg, peft_model.get_base_model(), world)
-        log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict)
+        slots = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS * cfg.MAX_LEN if cfg.PACKING else 0  # "fill" in metrics
+        log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)
         trace = Path(cfg.OUTPUT_DIR) / f"trace_step{cfg.PROFILE_STEP}_rank{rank}.json"
         model.train()
 
