@@ -2,9 +2,9 @@
 
 - rows_of_epoch(): the epoch's rows, the same on every rank (a seeded shuffle, then first fit over a few open
   rows); no conversation is split. Sharded like any dataset, so every rank gets as many rows as the others.
-- PackedRows: a dataset of those rows; PackCollate: one batch of rows, position_ids restarting at each
-  conversation. With position_ids and no attention_mask, transformers confines both the causal and the
-  sliding-window mask to each conversation (masking_utils.find_packed_sequence_indices).
+- PackedRows: a dataset of those rows; PackCollate: one batch of rows, all of one width, position_ids
+  restarting at each conversation. From those, lm_loss builds masks that keep attention inside each
+  conversation (attention.packed_masks).
 """
 
 import torch
@@ -51,16 +51,16 @@ class PackedRows(Dataset):
 
 
 class PackCollate:
-    """A batch of packed rows: input_ids, labels and position_ids side by side, right-padded to the longest
-    row (rounded up to pad_to_multiple_of); attention_mask marks real tokens (for counting, never passed to the
-    model). A conversation's first token is no target: the token before it belongs to another conversation."""
+    """A batch of packed rows: input_ids, labels and position_ids side by side, right-padded to `width` tokens
+    (one shape for every batch: the compiled attention kernels and block masks are built once); attention_mask
+    marks real tokens (for counting, never passed to the model). A conversation's first token is no target: the
+    token before it belongs to another conversation."""
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1):
-        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
+    def __init__(self, pad_token_id: int, width: int):
+        self.pad_token_id, self.width = pad_token_id, width
 
     def __call__(self, rows: list[list[dict]]) -> dict[str, torch.Tensor]:
-        longest = max(sum(len(ex["input_ids"]) for ex in row) for row in rows)
-        width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        width = self.width
         batch = {
             "input_ids": torch.full((len(rows), width), self.pad_token_id, dtype=torch.long),
             "labels": torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long),

@@ -590,7 +590,7 @@ def main() -> None:
         # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
         model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS), device)
         collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE)  # evaluation: one conversation a row
-        train_collate = PackCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE) if cfg.PACKING else collate
+        train_collate = PackCollate(tokenizer.pad_token_id, cfg.MAX_LEN) if cfg.PACKING else collate
         n_trainable, n_total = peft_model.get_nb_trainable_parameters()
         say(
             f"world {world} on {device.type} | {n_total:,} params, {n_trainable:,} trainable "

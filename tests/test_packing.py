@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import ROOT, SAMPLE_DATA, cpu_config, nonzero_lora_b, torchrun
 
+import attention
 import packing
 import train_ddp as T
 from chat_data import ChatDataset, load_conversations
@@ -57,7 +58,7 @@ def loss_and_grads(model, batch):
 def test_a_packed_step_gives_the_unpacked_loss_and_gradients(tokenizer, model_and_rows):
     model, examples = model_and_rows
     unpacked = PadCollate(tokenizer.pad_token_id)(examples)
-    packed = packing.PackCollate(tokenizer.pad_token_id, 64)([examples[:2], examples[2:]])  # 2 rows of 2
+    packed = packing.PackCollate(tokenizer.pad_token_id, 704)([examples[:2], examples[2:]])  # 2 rows of 2
     (loss_u, n_u, grads_u), (loss_p, n_p, grads_p) = loss_and_grads(model, unpacked), loss_and_grads(model, packed)
     assert n_p == n_u == int((unpacked["labels"][:, 1:] != IGNORE_INDEX).sum())
     torch.testing.assert_close(loss_p, loss_u, rtol=1e-5, atol=0)
@@ -67,14 +68,18 @@ def test_a_packed_step_gives_the_unpacked_loss_and_gradients(tokenizer, model_an
 
 def test_no_conversation_sees_another_in_its_row(tokenizer, model_and_rows):
     model, examples = model_and_rows
-    collate = packing.PackCollate(tokenizer.pad_token_id)
+    collate = packing.PackCollate(tokenizer.pad_token_id, 1024)
     changed = [dict(examples[0]), *examples[1:]]
     changed[0]["input_ids"] = [changed[0]["input_ids"][0]] + [7] * (len(changed[0]["input_ids"]) - 1)
+    window = model.get_base_model().config.get_text_config().sliding_window
     with torch.no_grad():
-        logits = [
-            model(**{k: v for k, v in collate([row]).items() if k != "attention_mask"}).logits[0]
-            for row in (examples, changed)
-        ]
+        logits = []
+        for row in (examples, changed):
+            batch = collate([row])
+            masks = attention.packed_masks(batch["position_ids"], window)  # what lm_loss gives the decoder
+            logits.append(
+                model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=masks).logits[0]
+            )
     first = len(examples[0]["input_ids"])  # everything after the changed first conversation must stay the same
     torch.testing.assert_close(logits[1][first:], logits[0][first:], rtol=0, atol=1e-5)
     assert not torch.allclose(logits[1][:first], logits[0][:first])
