@@ -45,9 +45,9 @@ def ffpa_version() -> str | None:
     return ffpa_attn.__version__
 
 
-def choose(kernel: str, device: torch.device) -> tuple[str, str]:
-    """(the kernel the global layers will use, one line saying which and why). Raises ValueError for a
-    kernel this machine cannot run."""
+def choose(kernel: str, device: torch.device, packing: bool = False) -> tuple[str, str]:
+    """(the kernel the global layers of right-padded rows will use, one line saying which and why, and with
+    packing what packed rows run). Raises ValueError for a kernel this machine cannot run."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}: allowed {', '.join(KERNELS)}")
     version = ffpa_version()
@@ -69,9 +69,10 @@ def choose(kernel: str, device: torch.device) -> tuple[str, str]:
         "ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
         "sdpa": "SDPA is_causal",
     }[kernel]
+    packed = "flex_attention block masks" if device.type == "cuda" else "SDPA with dense masks (no CUDA device)"
     return kernel, (
         f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
-        f"other batches on SDPA with transformers' mask"
+        f"other batches on SDPA with transformers' mask" + (f"; packed rows on {packed}" if packing else "")
     )
 
 

@@ -143,7 +143,7 @@ def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[
     """The planner: ATTENTION_KERNEL=auto becomes the kernel this machine runs; MEMORY_TARGET_GIB lets
     memory_budget.py choose the layout constants. Same result on every rank; shown as "planner"."""
     try:
-        kernel, line = attention.choose(cfg.ATTENTION_KERNEL, device)
+        kernel, line = attention.choose(cfg.ATTENTION_KERNEL, device, cfg.PACKING)
     except ValueError as e:
         raise InputError(f"ATTENTION_KERNEL={cfg.ATTENTION_KERNEL}: {e}") from None
     say(line)

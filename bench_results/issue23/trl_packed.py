@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--accum", type=int, default=8)
+    ap.add_argument(
+        "--config", default=str(ROOT / "configs" / "gemma-4-12b.json"), help="tiny-gemma4's: a CPU smoke run"
+    )
     args = ap.parse_args()
 
     from datasets import load_dataset
@@ -42,7 +45,8 @@ def main() -> None:
 
     class Clock(TrainerCallback):
         def on_step_end(self, _args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             times[state.global_step] = time.perf_counter()
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
@@ -50,9 +54,10 @@ def main() -> None:
                 tokens_at[state.global_step] = logs["num_tokens"]
 
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    cuda = torch.cuda.is_available()
+    with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(ROOT / "configs" / "gemma-4-12b.json"), dtype=torch.bfloat16
+            AutoConfig.from_pretrained(args.config), dtype=torch.bfloat16 if cuda else torch.float32
         )
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets" / "tiny-gemma4")
     config = SFTConfig(
@@ -68,6 +73,7 @@ def main() -> None:
         report_to="none",
         save_strategy="no",
         dataloader_num_workers=2,
+        bf16=cuda,
     )
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=DEFAULT_TARGETS)
     trainer = SFTTrainer(
@@ -87,7 +93,7 @@ def main() -> None:
         "steps": f"{first + 1}..{last}",
         "non_pad_tok_s": tokens / seconds,
         "step_s": seconds / (last - first),
-        "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }
     print(json.dumps(result), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Attention for packed rows at the 12B's shapes, one H200: forward+backward time and error of each candidate.
 
-    python bench_results/issue23/kernels.py [--rows 8] [--mix realistic|short]
+    python bench_results/issue23/attention_kernels.py [--rows 8] [--mix realistic|short]
 
 Rows of 2,048 tokens packed with conversations drawn from make_mix.py's length distribution (token counts of the
 tiny default's tokenizer). Layers: sliding (16 heads, 8 KV heads, head_dim 256, window 1,024) and global (16
@@ -115,9 +115,9 @@ def main() -> None:
         ref_out.backward(torch.ones_like(ref_out))
         ref = [ref_out.detach()] + [t.grad for t in reference]
         candidates = {
-            "flex": lambda q, k, v: attention._flex(q, k, v, block_mask, 1.0).transpose(1, 2),
-            "dense-mask": lambda q, k, v: dense(q, k, v, bool_mask),
-            "per-document": lambda q, k, v: per_document(q, k, v, docs, window),
+            "flex": lambda q, k, v, m=block_mask: attention._flex(q, k, v, m, 1.0).transpose(1, 2),
+            "dense-mask": lambda q, k, v, m=bool_mask: dense(q, k, v, m),
+            "per-document": lambda q, k, v, w=window: per_document(q, k, v, docs, w),
         }
         for cname, fn in candidates.items():
             inputs = [t.bfloat16().requires_grad_() for t in base]
