@@ -3,7 +3,9 @@ with the tokenizer's chat template into token ids and labels (assistant turns on
 
 import codecs
 import functools
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from torch.utils.data import Dataset
@@ -105,18 +107,13 @@ def format_hint(row) -> str:
     return ""
 
 
-def rendered_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """The conversation through the chat template, as token ids (the template emits <bos>: never add it twice)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
     """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
-    assistant turn's tokens through its end-of-turn token."""
+    assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
 
     def render(msgs, add_generation_prompt=False):
-        return rendered_ids(tokenizer, msgs, add_generation_prompt)
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     input_ids = render(messages)
     if not assistant_only:
@@ -140,9 +137,9 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assista
 class ChatDataset(Dataset):
     """Conversations tokenized lazily (in DataLoader workers), so skipped samples cost nothing."""
 
-    def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool):
+    def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool, lengths_file: Path | None = None):
         self.conversations, self.tokenizer = conversations, tokenizer
-        self.max_len, self.assistant_only = max_len, assistant_only
+        self.max_len, self.assistant_only, self.lengths_file = max_len, assistant_only, lengths_file
         self.lengths = [sum(len(m["content"]) for m in c) for c in conversations]  # characters: no tokenizing
 
     def __len__(self):
@@ -153,8 +150,28 @@ class ChatDataset(Dataset):
 
     @functools.cached_property
     def token_lengths(self) -> list[int]:
-        """Every conversation's tokens, at most max_len (what packing needs before the first step)."""
-        return [min(len(rendered_ids(self.tokenizer, c)), self.max_len) for c in self.conversations]
+        """Every conversation's tokens, at most max_len (what packing needs before the first step). A full pass
+        over 100k rows takes 37 s on 2 cores, batched (95 s one by one), so it is kept in `lengths_file`
+        (named by lengths_key()) for the next run or resume on the same data."""
+        if self.lengths_file is not None and self.lengths_file.exists():
+            return json.loads(self.lengths_file.read_text())
+        lengths = []
+        for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
+            texts = [self.tokenizer.apply_chat_template(c, tokenize=False) for c in self.conversations[at : at + 1024]]
+            lengths += [
+                min(len(ids), self.max_len) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ]
+        if self.lengths_file is not None:  # every rank writes the same list; the rename makes it whole or absent
+            partial = self.lengths_file.with_name(f"{self.lengths_file.name}.{os.getpid()}.partial")
+            partial.write_text(json.dumps(lengths))
+            os.replace(partial, self.lengths_file)
+        return lengths
+
+
+def lengths_key(data_sha256: str, tokenizer, max_len: int) -> str:
+    """What token_lengths depend on: the data, the tokenizer (vocabulary and chat template) and MAX_LEN."""
+    parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:

@@ -36,7 +36,7 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, data_summary, load_conversations
+from chat_data import ChatDataset, data_summary, lengths_key, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
@@ -540,15 +540,17 @@ def main() -> None:
     eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
     steps_per_epoch(len(conversations), world, cfg)  # data too few for one step: said before the tokenizer loads
     tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
-    dataset, eval_set = (
-        ChatDataset(rows, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if rows else None
-        for rows in (conversations, eval_conversations)
-    )
+    identity = run_record.identity(cfg, world)
+    lengths_file = None  # packing needs every token length up front: kept for the next run on the same data
+    if cfg.PACKING:
+        key = lengths_key(identity["data_sha256"], tokenizer, cfg.MAX_LEN)
+        lengths_file = Path(cfg.OUTPUT_DIR) / f"token_lengths-{key}.json"
+    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, lengths_file)
+    eval_set = eval_conversations and ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS)
     epoch_steps = [steps_per_epoch(len(epoch_data(dataset, cfg, e)), world, cfg) for e in range(cfg.EPOCHS)]
     total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
     say(data_summary(dataset, epoch_data(dataset, cfg, 0), used, cfg.DATA_PATH))
-    identity = run_record.identity(cfg, world)
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity)
     run_config = {
