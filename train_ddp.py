@@ -313,8 +313,11 @@ def steps_per_epoch(n_samples: int, world: int, cfg: Config) -> int:
     """Optimizer steps per epoch, identical on every rank; a partial accumulation window is dropped."""
     per_step = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS
     if n_samples // per_step == 0:
+        what = (
+            f"packed into {n_samples} rows of MAX_LEN={cfg.MAX_LEN} tokens" if cfg.PACKING else f"{n_samples} samples"
+        )
         raise InputError(
-            f"{cfg.DATA_PATH}: {n_samples} samples, but one optimizer step needs "
+            f"{cfg.DATA_PATH}: {what}, but one optimizer step needs "
             f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{cfg.MICRO_BATCH}*{cfg.ACCUM_STEPS} = {per_step}"
         )
     return (n_samples // world // cfg.MICRO_BATCH) // cfg.ACCUM_STEPS
@@ -538,7 +541,8 @@ def main() -> None:
     cfg, sources = plan(cfg, sources, world, device)
     conversations = load_conversations(cfg.DATA_PATH)
     eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
-    steps_per_epoch(len(conversations), world, cfg)  # data too few for one step: said before the tokenizer loads
+    if not cfg.PACKING:  # data too few for one step: said before the tokenizer loads (packed: once rows are known)
+        steps_per_epoch(len(conversations), world, cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
     identity = run_record.identity(cfg, world)
     lengths_file = None  # packing needs every token length up front: kept for the next run on the same data
