@@ -14,19 +14,27 @@ For such batches the global layers run one of these KERNELS, causal and without 
   sdpa  SDPA with is_causal, K/V repeated (anywhere)
 In the real step (12B, fast layout, compiled, 1 H200) ffpa gave 6,879 target tokens/s, flex_attention with
 a causal block mask and 32x32 tiles 6,523, SDPA is_causal 5,973 (bench_results/h200-issue10).
-Sliding-window layers, and every batch that is not right-padded (packed or left-padded rows), keep
-transformers' SDPA with its mask. The trainer passes right_padded=True only after checking the batch.
+Sliding-window layers, and every batch that is not right-padded (left-padded rows), keep transformers'
+SDPA with its mask. The trainer passes right_padded=True only after checking the batch.
+
+Packed rows (packing.py: conversations side by side, position_ids restarting at each) get packed_masks(): in
+every layer a token sees only its own conversation, causally, and in sliding layers only the last
+`sliding_window` tokens of it. On CUDA these are flex_attention block masks, so a row of short conversations
+computes only the blocks on its diagonal; elsewhere (CPU) the same rule as dense boolean masks for SDPA.
 """
 
 import functools
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 KERNELS = ("auto", "ffpa", "sdpa")
 IMPLEMENTATION = "global_layers_causal"  # the attn_implementation name the model is loaded with
+FLEX_TILES_D512 = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1}  # flex's default tiles need 262 KB of shared
+# memory at head_dim 512 (the global layers); head_dim 256 (the sliding layers) keeps flex's own choice
 
 
 def ffpa_version() -> str | None:
@@ -37,9 +45,9 @@ def ffpa_version() -> str | None:
     return ffpa_attn.__version__
 
 
-def choose(kernel: str, device: torch.device) -> tuple[str, str]:
-    """(the kernel the global layers will use, one line saying which and why). Raises ValueError for a
-    kernel this machine cannot run."""
+def choose(kernel: str, device: torch.device, packing: bool = False) -> tuple[str, str]:
+    """(the kernel the global layers of right-padded rows will use, one line saying which and why, and with
+    packing what packed rows run). Raises ValueError for a kernel this machine cannot run."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}: allowed {', '.join(KERNELS)}")
     version = ffpa_version()
@@ -61,9 +69,10 @@ def choose(kernel: str, device: torch.device) -> tuple[str, str]:
         "ffpa": f"ffpa-attn {version} (Triton; it hands sequences under 512 tokens to SDPA)",
         "sdpa": "SDPA is_causal",
     }[kernel]
+    packed = "flex_attention block masks" if device.type == "cuda" else "SDPA with dense masks (no CUDA device)"
     return kernel, (
         f"attention: global layers on {name} for right-padded batches ({why}); sliding layers and "
-        f"other batches on SDPA with transformers' mask"
+        f"other batches on SDPA with transformers' mask" + (f"; packed rows on {packed}" if packing else "")
     )
 
 
@@ -91,6 +100,10 @@ def attention(
     **kwargs,
 ):
     """transformers' attention interface: (module, q, k, v, mask, **kwargs) -> (output [B, L, H, D], None)."""
+    if isinstance(attention_mask, BlockMask):  # packed rows on CUDA (packed_masks)
+        if dropout > 0:
+            raise ValueError("packed rows run flex_attention, which has no attention dropout")
+        return _flex(query, key, value, attention_mask, scaling), None
     if not right_padded or sliding_window is not None or dropout > 0 or not getattr(module, "is_causal", True):
         return sdpa_attention_forward(
             module,
@@ -109,3 +122,39 @@ def attention(
 
     out = ffpa_attn_func(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def packed_masks(position_ids: torch.Tensor, sliding_window: int) -> dict:
+    """Each layer type's mask for packed rows (position_ids restart at 0 at each conversation; the padding at a
+    row's end is one more): a token sees the tokens before it in its own conversation, in sliding layers only the
+    last `sliding_window` of them (transformers' window: q - kv < sliding_window). Gemma 4's decoder takes the
+    dict as is. CUDA: flex BlockMasks; elsewhere: boolean [B, 1, L, L] masks for SDPA, from the same rule."""
+    conversation = (position_ids == 0).cumsum(-1)
+
+    def causal(b, h, q, kv):
+        return (conversation[b, q] == conversation[b, kv]) & (kv <= q)
+
+    def sliding(b, h, q, kv):
+        return causal(b, h, q, kv) & (q - kv < sliding_window)
+
+    rows, length = position_ids.shape
+    if position_ids.device.type == "cuda":
+        make = functools.partial(create_block_mask, B=rows, H=None, _compile=True)
+    else:
+        make = functools.partial(create_mask, B=rows, H=1)
+    return {
+        name: make(rule, Q_LEN=length, KV_LEN=length, device=position_ids.device)
+        for name, rule in (("full_attention", causal), ("sliding_attention", sliding))
+    }
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention, dynamic=False)  # flex is fast only compiled; one shape per MAX_LEN
+
+
+@torch.compiler.disable  # inside COMPILE_LAYERS' graphs too, flex runs as its own compiled kernel
+def _flex(query, key, value, block_mask, scale):
+    tiles = FLEX_TILES_D512 if query.shape[-1] > 256 else None
+    out = _compiled_flex()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=tiles)
+    return out.transpose(1, 2).contiguous()

@@ -12,11 +12,14 @@ FLOPs per token (model FLOPs, recomputation not counted):
   4 x (decoder Linear params + LM head)  forward 2P + backward input-gradients 2P; frozen weights
                                          need no weight gradients (LoRA's own FLOPs are < 1%)
   + 12 x context x heads x head_dim per layer   attention QK^T and AV, forward 1x + backward 2x,
-                                         context = mean causal (or sliding-window) span
+                                         context = mean causal (or sliding-window) span of a token inside
+                                         its own conversation (with --data: over the file's conversations,
+                                         tokenized as the runs do; packed or not, a token sees only its own)
 """
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,20 +79,39 @@ def synthetic_conversations(path: Path, n: int, min_words: int) -> None:
             )
 
 
-def train_flops_per_token(config_path: str, seq_len: int) -> float:
+def train_flops_per_token(config_path: str, lengths: list[int]) -> float:
+    """Model FLOPs per token, for conversations of `lengths` tokens (a token attends within its own)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(config_path).get_text_config()
+    tokens = sum(lengths)
     hidden, linear, attention = cfg.hidden_size, 0, 0
     for i, kind in enumerate(cfg.layer_types):
         layer = cfg.per_layer_config[i]
         q, kv = cfg.num_attention_heads * layer.head_dim, layer.num_key_value_heads * layer.head_dim
         has_v = not (cfg.attention_k_eq_v and kind == "full_attention")
         linear += hidden * (2 * q + kv * (1 + has_v)) + 3 * hidden * cfg.intermediate_size
-        span = seq_len if kind == "full_attention" else min(seq_len, cfg.sliding_window)
-        context = sum(min(t + 1, span) for t in range(seq_len)) / seq_len
+        span = math.inf if kind == "full_attention" else cfg.sliding_window
+        context = sum(causal_span_sum(n, span) for n in lengths) / tokens
         attention += 12 * context * q
     return 4 * (linear + hidden * cfg.vocab_size) + attention
+
+
+def causal_span_sum(n: int, span: float) -> int:
+    """sum over t < n of min(t + 1, span): the keys each of a conversation's n tokens sees."""
+    full = int(min(n, span))
+    return full * (full + 1) // 2 + (n - full) * full
+
+
+def conversation_lengths(data: Path, model_id: str, max_len: int) -> list[int]:
+    """Token lengths of the file's conversations through model_id's chat template, cut at max_len."""
+    from transformers import AutoTokenizer
+
+    from chat_data import ChatDataset, load_conversations
+
+    return ChatDataset(
+        load_conversations(str(data)), AutoTokenizer.from_pretrained(model_id), max_len, True
+    ).token_lengths
 
 
 def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:
@@ -99,6 +121,7 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     env = {
         **os.environ,
         "MODEL_CONFIG": str(Path(args.config).resolve()),
+        "MODEL_ID": args.model_id,  # the tokenizer (weights come from MODEL_CONFIG)
         "DATA_PATH": str(data),
         "OUTPUT_DIR": str(out),
         "MAX_LEN": str(args.seq_len),
@@ -194,6 +217,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(HERE / "configs" / "gemma-4-12b.json"))
     ap.add_argument("--runs", type=run_names, default="plain,defaults", help=f"comma-separated, from {', '.join(RUNS)}")
     ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--model-id", default=str(HERE / "assets" / "tiny-gemma4"), help="where the tokenizer comes from")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--samples", type=int, default=8, help="samples per GPU per optimizer step")
     ap.add_argument("--steps", type=int, default=6)
@@ -222,7 +246,8 @@ def main() -> None:
     extra = dict(kv.split("=", 1) for kv in args.set)
     results = [run_one(name, {**RUNS[name], **extra}, args, data, work, log) for name in args.runs.split(",")]
 
-    flops = train_flops_per_token(args.config, args.seq_len)
+    lengths = conversation_lengths(data, args.model_id, args.seq_len) if args.data else [args.seq_len]
+    flops = train_flops_per_token(args.config, lengths)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
     base = next((r for r in results if "step_s" in r), None)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from attention import packed_masks
 from collate import IGNORE_INDEX
 
 
@@ -24,7 +25,8 @@ class CausalLMLoss(torch.nn.Module):
         self.lm, self.ce_chunk_tokens = peft_model, ce_chunk_tokens
         causal_lm = peft_model.get_base_model()
         self.decoder, self.lm_head = causal_lm.model, causal_lm.get_output_embeddings()
-        self.softcap = causal_lm.config.get_text_config().final_logit_softcapping
+        text_config = causal_lm.config.get_text_config()
+        self.softcap, self.sliding_window = text_config.final_logit_softcapping, text_config.sliding_window
 
     def logits_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
@@ -32,9 +34,15 @@ class CausalLMLoss(torch.nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def forward(self, input_ids, attention_mask, labels, right_padded=False):
+    def forward(self, input_ids, attention_mask, labels, right_padded=False, position_ids=None):
+        if position_ids is not None:  # packed rows: attention stays inside each conversation
+            attention_mask = packed_masks(position_ids, self.sliding_window)
         hidden = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, right_padded=right_padded
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            right_padded=right_padded,
         ).last_hidden_state
         hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
         n_targets = (targets != IGNORE_INDEX).sum()

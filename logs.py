@@ -45,10 +45,14 @@ class StepLog:
 
     MEMORY_CHECK_STEP = 3
 
-    def __init__(self, output_dir: str, log_every: int, total_steps: int, done: int, device, predict_peak_gib):
+    def __init__(
+        self, output_dir: str, log_every: int, total_steps: int, done: int, device, predict_peak_gib, packed_slots=0
+    ):
+        """packed_slots: with packing, the token slots of one step (rows x MAX_LEN, all ranks): "fill" is logged."""
         from tqdm import tqdm
 
         self.output_dir, self.log_every, self.total_steps, self.device = output_dir, log_every, total_steps, device
+        self.packed_slots = packed_slots
         self.predict_peak_gib, self.longest = predict_peak_gib, 0
         self.rank0 = is_rank0()
         self.bar = tqdm(
@@ -80,6 +84,7 @@ class StepLog:
             "targets": int(n_targets),
             "tokens": int(n_tokens),
             "padding": 1 - n_tokens / n_padded,
+            **({"fill": n_tokens / self.packed_slots} if self.packed_slots else {}),
             "data_wait_s": data_wait,
         }
         if self.device.type == "cuda":

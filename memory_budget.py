@@ -38,6 +38,9 @@ GB, GiB = 1e9, 2**30
 # module names. "all-linear" would also hit the vision/audio embedders, which a text batch never uses: a
 # DDP error at step 2 (repro/02).
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# attention paths: the global layers' kernel of right-padded rows (ffpa, sdpa), transformers' dense masks
+# (masked), or packed rows with every layer on flex_attention (flex)
+ATTENTION_PATHS = ("ffpa", "sdpa", "masked", "flex")
 DTYPE_BYTES = {
     "F64": 8,
     "F32": 4,
@@ -345,12 +348,20 @@ def _activations(
     masked = [dense_masks or (layer["sliding"] and window is not None and seq_len >= window) for layer in layers]
     # train_ddp.py's global layers (attention.py) take a right-padded batch without a mask: "sdpa" with
     # is_causal (K/V still repeated at head_dim > 256), "ffpa" with grouped K/V; "masked" is transformers' path.
-    fast_global = [attention != "masked" and not layer["sliding"] for layer in layers]
+    # "flex": packed rows, every layer on flex_attention's block masks (no dense mask, grouped K/V).
+    fast = [attention == "flex" or (attention != "masked" and not layer["sliding"]) for layer in layers]
     per_layer = [
         _layer_saved_per_token(
-            layer, hidden, seq_len, m and not f, lora_r, lora_dropout, full, grouped_kv=f and attention == "ffpa"
+            layer,
+            hidden,
+            seq_len,
+            m and not f,
+            lora_r,
+            lora_dropout,
+            full,
+            grouped_kv=f and attention in ("ffpa", "flex"),
         )
-        for layer, m, f in zip(layers, masked, fast_global, strict=True)
+        for layer, m, f in zip(layers, masked, fast, strict=True)
     ]
     saved = [tokens * sum(t.values()) for t in per_layer]
     casts = [2 * layer["lora_params"] for layer in layers]  # autocast's BF16 copies of the FP32 adapter weights
@@ -420,8 +431,8 @@ def estimate(
 
     With TP every rank is taken to hold 1/tp of each weight and of the attention/MLP activations, while
     hidden-size activations and the gathered logits stay whole (no sequence parallelism)."""
-    if attention not in ("ffpa", "sdpa", "masked"):
-        raise ValueError(f"attention {attention!r}: one of ffpa, sdpa, masked")
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION_PATHS)}")
     text_config = text_config.get("text_config") or text_config
     if world_size % tp:
         raise ValueError(f"world size {world_size} is not a multiple of the tensor-parallel degree {tp}")
@@ -604,6 +615,11 @@ def plan_for_memory_target(
     )
 
 
+def attention_of(run) -> str:
+    """The attention path of a train_ddp.py run: packed rows run every layer on flex_attention."""
+    return "flex" if run.PACKING else run.ATTENTION_KERNEL
+
+
 def layout_of(run) -> Layout:
     """The layout a train_ddp.py run's settings describe (any object with its constant names)."""
     return Layout(run.MICRO_BATCH, run.GRADIENT_CHECKPOINTING, run.CHECKPOINT_OFFLOAD, run.CE_CHUNK_TOKENS)
@@ -622,7 +638,7 @@ def estimate_run(run, param_shapes: dict, text_config: dict, world_size: int, **
             "targets": run.LORA_TARGETS,
             "accum": run.ACCUM_STEPS,
             "lora_dropout": run.LORA_DROPOUT,
-            "attention": run.ATTENTION_KERNEL,
+            "attention": attention_of(run),
             **kwargs,
         },
     )
@@ -653,7 +669,7 @@ def plan_run(run, world_size: int) -> tuple[dict, str]:
         lora_r=run.LORA_R,
         targets=run.LORA_TARGETS,
         lora_dropout=run.LORA_DROPOUT,
-        attention=run.ATTENTION_KERNEL,
+        attention=attention_of(run),
     )
     layout = plan["layout"]
     chosen = {
@@ -792,9 +808,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
     ap.add_argument(
         "--attention",
-        choices=("ffpa", "sdpa", "masked"),
+        choices=ATTENTION_PATHS,
         default="ffpa",
-        help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed)",
+        help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed); "
+        "flex: PACKING=1, every layer on flex_attention",
     )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap

@@ -41,6 +41,7 @@ TRAINING = (
     "LORA_DROPOUT",
     "LORA_TARGETS",
     "GROUP_BY_LENGTH",
+    "PACKING",
     "SEED",
 )
 # ... of which these make a checkpoint unusable whatever the user allows: the adapter's shapes, or
@@ -53,6 +54,7 @@ STRUCTURAL = (
     "LORA_TARGETS",
     "world_size",
     "samples_per_rank_step",
+    "PACKING",
 )
 MANIFEST = "manifest.json"
 

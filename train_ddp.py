@@ -36,11 +36,12 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, data_summary, load_conversations
+from chat_data import ChatDataset, data_summary, lengths_key, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
 from logs import StepLog, is_rank0, profiled, say, where_everything_is
+from packing import PackCollate, PackedRows, rows_of_epoch
 
 HERE = Path(__file__).resolve().parent
 # Two known, harmless deprecations every rank would print: PEFT reads transformers' old
@@ -86,6 +87,9 @@ class Config:
     CE_CHUNK_TOKENS: int = 1024  # loss over target positions only, in chunks; 0 = full FP32 logits
     LORA_BF16_INPUTS: bool = True  # skip PEFT's FP32 copy of each adapter input (autocast runs bf16 anyway)
     GROUP_BY_LENGTH: bool = True  # similar lengths share a micro-batch (within one optimizer step)
+    # Whole conversations side by side in rows of MAX_LEN tokens, attention inside each (packing.py); MICRO_BATCH
+    # then counts rows. No padding to speak of, for chat data of varied lengths.
+    PACKING: bool = False
     PAD_TO_MULTIPLE: int = 64  # fewer distinct shapes: kernels (cuDNN attention) plan once per shape
     SEED: int = 1234
     NUM_WORKERS: int = 2  # DataLoader workers per rank (tokenization happens there)
@@ -139,7 +143,7 @@ def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[
     """The planner: ATTENTION_KERNEL=auto becomes the kernel this machine runs; MEMORY_TARGET_GIB lets
     memory_budget.py choose the layout constants. Same result on every rank; shown as "planner"."""
     try:
-        kernel, line = attention.choose(cfg.ATTENTION_KERNEL, device)
+        kernel, line = attention.choose(cfg.ATTENTION_KERNEL, device, cfg.PACKING)
     except ValueError as e:
         raise InputError(f"ATTENTION_KERNEL={cfg.ATTENTION_KERNEL}: {e}") from None
     say(line)
@@ -279,13 +283,20 @@ def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:
 
 # ----------------------------------------------------------------------------------------------
 # Data: each rank its own shard of every epoch (DistributedSampler), the same number of steps on every rank
+def epoch_data(dataset: ChatDataset, cfg: Config, epoch: int) -> Dataset:
+    """What `epoch` iterates: the conversations, or with PACKING their packed rows (the same on every rank)."""
+    if not cfg.PACKING:
+        return dataset
+    return PackedRows(dataset, rows_of_epoch(dataset.token_lengths, cfg.SEED, epoch, cfg.MAX_LEN))
+
+
 def train_loader(dataset, cfg: Config, rank: int, world: int, epoch: int, skip: int, collate) -> DataLoader:
-    """This rank's micro-batches of `epoch`, without the first `skip` samples (already trained on)."""
+    """This rank's micro-batches of `epoch` (epoch_data), without the first `skip` samples or rows."""
     # drop_last twice: the sampler gives every rank the same number of samples, the loader the
     # same number of full micro-batches, so every rank runs the same number of steps (no hang).
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.SEED, drop_last=True)
     sampler.set_epoch(epoch)
-    lengths = dataset.lengths if cfg.GROUP_BY_LENGTH else None
+    lengths = dataset.lengths if cfg.GROUP_BY_LENGTH and not cfg.PACKING else None  # rows are of one length
     return guards.RankDataLoader(  # a DataLoader whose workers live and die with this rank
         dataset,
         batch_size=cfg.MICRO_BATCH,
@@ -302,8 +313,11 @@ def steps_per_epoch(n_samples: int, world: int, cfg: Config) -> int:
     """Optimizer steps per epoch, identical on every rank; a partial accumulation window is dropped."""
     per_step = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS
     if n_samples // per_step == 0:
+        what = (
+            f"packed into {n_samples} rows of MAX_LEN={cfg.MAX_LEN} tokens" if cfg.PACKING else f"{n_samples} samples"
+        )
         raise InputError(
-            f"{cfg.DATA_PATH}: {n_samples} samples, but one optimizer step needs "
+            f"{cfg.DATA_PATH}: {what}, but one optimizer step needs "
             f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{cfg.MICRO_BATCH}*{cfg.ACCUM_STEPS} = {per_step}"
         )
     return (n_samples // world // cfg.MICRO_BATCH) // cfg.ACCUM_STEPS
@@ -311,9 +325,9 @@ def steps_per_epoch(n_samples: int, world: int, cfg: Config) -> int:
 
 def on_device(batch: dict, device: torch.device) -> dict:
     """The batch on `device`, with right_padded checked on the CPU copy (no GPU sync): only then may the
-    global layers drop the dense mask for a causal kernel (attention.py)."""
+    global layers drop the dense mask for a causal kernel (attention.py). Never for packed rows."""
     mask = batch["attention_mask"]
-    right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all())
+    right_padded = "position_ids" not in batch and bool((mask[:, 1:] <= mask[:, :-1]).all())
     return {**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, "right_padded": right_padded}
 
 
@@ -527,15 +541,20 @@ def main() -> None:
     cfg, sources = plan(cfg, sources, world, device)
     conversations = load_conversations(cfg.DATA_PATH)
     eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
-    n_steps_epoch = steps_per_epoch(len(conversations), world, cfg)
-    total_steps = min(cfg.MAX_STEPS or math.inf, cfg.EPOCHS * n_steps_epoch)
+    if not cfg.PACKING:  # data too few for one step: said before the tokenizer loads (packed: once rows are known)
+        steps_per_epoch(len(conversations), world, cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
-    dataset, eval_set = (
-        ChatDataset(rows, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if rows else None
-        for rows in (conversations, eval_conversations)
-    )
-    say(data_summary(dataset, n_steps_epoch * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS, cfg.DATA_PATH))
     identity = run_record.identity(cfg, world)
+    lengths_file = None  # packing needs every token length up front: kept for the next run on the same data
+    if cfg.PACKING:
+        key = lengths_key(identity["data_sha256"], tokenizer, cfg.MAX_LEN)
+        lengths_file = Path(cfg.OUTPUT_DIR) / f"token_lengths-{key}.json"
+    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, lengths_file)
+    eval_set = eval_conversations and ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS)
+    epoch_steps = [steps_per_epoch(len(epoch_data(dataset, cfg, e)), world, cfg) for e in range(cfg.EPOCHS)]
+    total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
+    used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
+    say(data_summary(dataset, epoch_data(dataset, cfg, 0), used, cfg.DATA_PATH))
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity)
     run_config = {
@@ -576,7 +595,8 @@ def main() -> None:
 
         # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
         model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS), device)
-        collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE)
+        collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE)  # evaluation: one conversation a row
+        train_collate = PackCollate(tokenizer.pad_token_id, cfg.MAX_LEN) if cfg.PACKING else collate
         n_trainable, n_total = peft_model.get_nb_trainable_parameters()
         say(
             f"world {world} on {device.type} | {n_total:,} params, {n_trainable:,} trainable "
@@ -586,7 +606,8 @@ def main() -> None:
         if cfg.SAVE_ON_SIGTERM:
             stop.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
         predict = functools.partial(memory_budget.predicted_peak_gib, cfg, peft_model.get_base_model(), world)
-        log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict)
+        slots = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS * cfg.MAX_LEN if cfg.PACKING else 0  # "fill" in metrics
+        log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)
         trace = Path(cfg.OUTPUT_DIR) / f"trace_step{cfg.PROFILE_STEP}_rank{rank}.json"
         model.train()
 
@@ -595,7 +616,7 @@ def main() -> None:
         while progress["step"] < total_steps:
             epoch = progress["epoch"]
             skip = progress["step_in_epoch"] * cfg.ACCUM_STEPS * cfg.MICRO_BATCH  # samples already trained on
-            batches = iter(train_loader(dataset, cfg, rank, world, epoch, skip, collate))
+            batches = iter(train_loader(epoch_data(dataset, cfg, epoch), cfg, rank, world, epoch, skip, train_collate))
             while progress["epoch"] == epoch and progress["step"] < total_steps:
                 step = position.current = progress["step"] + 1
                 torch.manual_seed(cfg.SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
@@ -608,7 +629,7 @@ def main() -> None:
                 grad_norm, finite, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, step)
                 step_time = synchronized_clock(device) - t0
                 progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
-                if progress["step_in_epoch"] == n_steps_epoch:  # epoch end: resume starts the next epoch
+                if progress["step_in_epoch"] == epoch_steps[epoch]:  # epoch end: resume starts the next epoch
                     progress.update(epoch=epoch + 1, step_in_epoch=0)
                 position.completed = step
                 if step == first_step:  # the ranks are in lockstep now: hangs get the short timeout

@@ -153,12 +153,8 @@ def relative_errors(got, reference):
     return abs(float(loss - ref_loss) / float(ref_loss)), float(diff.norm() / reference_norm)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kernel", ["ffpa", "sdpa"])
-def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(kernel):
-    if kernel == "ffpa":
-        pytest.importorskip("ffpa_attn")
+def models_at_12b_shapes(kernel: str):
+    """(config, BF16 model with LoRA on CUDA, its FP32 copy) of gemma4_12b_layer_pair()."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**gemma4_12b_layer_pair())
@@ -168,18 +164,55 @@ def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(k
             config, dtype=torch.bfloat16, attn_implementation=attention.register(kernel)
         )
     model = with_lora(base)
-    reference_model = copy.deepcopy(model).float()
+    return config, model, copy.deepcopy(model).float()
+
+
+def assert_as_close_as_sdpa_bf16(name, models, reference_inputs, inputs, right_padded):
+    """`inputs` through the BF16 model are as close to the FP32 masked-SDPA reference (on `reference_inputs`, the
+    same tokens) as SDPA's own BF16 path is: loss and LoRA-gradient relative errors within 2x, plus 1e-3."""
+    _, model, reference_model = models
+    reference = loss_and_grads(reference_model, reference_inputs, right_padded=False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        sdpa_bf16 = loss_and_grads(model, reference_inputs, right_padded=False)
+        fast_bf16 = loss_and_grads(model, inputs, right_padded=right_padded)
+    sdpa_err, fast_err = relative_errors(sdpa_bf16, reference), relative_errors(fast_bf16, reference)
+    print(f"{name}: loss and LoRA-gradient relative errors vs FP32 {fast_err}, SDPA BF16 {sdpa_err}")
+    assert fast_err[0] <= 2 * sdpa_err[0] + 1e-3 and fast_err[1] <= 2 * sdpa_err[1] + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kernel", ["ffpa", "sdpa"])
+def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(kernel):
+    if kernel == "ffpa":
+        pytest.importorskip("ffpa_attn")
+    models = models_at_12b_shapes(kernel)
     lengths, width = [1536, 1100], 1536
-    ids = torch.randint(10, config.get_text_config().vocab_size, (2, width), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        10, models[0].get_text_config().vocab_size, (2, width), generator=torch.Generator().manual_seed(1)
+    )
     mask = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
     batch = {"input_ids": ids * mask, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, IGNORE_INDEX)}
     inputs = T.on_device(batch, torch.device("cuda"))
     assert inputs.pop("right_padded")
+    assert_as_close_as_sdpa_bf16(kernel, models, inputs, inputs, right_padded=True)
 
-    reference = loss_and_grads(reference_model, inputs, right_padded=False)  # FP32, masked SDPA
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        sdpa_bf16 = loss_and_grads(model, inputs, right_padded=False)
-        fast_bf16 = loss_and_grads(model, inputs, right_padded=True)
-    sdpa_err, fast_err = relative_errors(sdpa_bf16, reference), relative_errors(fast_bf16, reference)
-    print(f"{kernel}: loss and LoRA-gradient relative errors vs FP32 {fast_err}, SDPA BF16 {sdpa_err}")
-    assert fast_err[0] <= 2 * sdpa_err[0] + 1e-3 and fast_err[1] <= 2 * sdpa_err[1] + 1e-3
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_rows_match_the_unpacked_rows_at_12b_shapes():
+    """Packed rows on flex_attention (attention.packed_masks' block masks), BF16, against the same conversations
+    unpacked in FP32; one conversation is longer than the window, so a window ignored inside it or one that
+    reaches into the conversation before shows up in the gradients."""
+    import packing
+
+    models = models_at_12b_shapes("sdpa")
+    generator = torch.Generator().manual_seed(2)
+    conversations = []
+    for n in (300, 1100, 400, 200):  # 1,100 > the window (512), after a conversation of 300
+        ids = torch.randint(10, models[0].get_text_config().vocab_size, (n,), generator=generator).tolist()
+        conversations.append({"input_ids": ids, "labels": ids})
+    unpacked = T.on_device(PadCollate(0, 1)(conversations), torch.device("cuda"))
+    packed = T.on_device(packing.PackCollate(0, 2048)([conversations]), torch.device("cuda"))
+    unpacked.pop("right_padded"), packed.pop("right_padded")
+    assert_as_close_as_sdpa_bf16("packed flex", models, unpacked, packed, right_padded=False)

@@ -1,12 +1,13 @@
 """bench.py's launcher: a run that saved its adapter but never exits is named, ended with its children and
 counted as a failure; a run that exits is not."""
 
+import math
 import re
 import sys
 import time
 from argparse import Namespace
 
-from conftest import alive
+from conftest import ROOT, alive
 
 import bench
 
@@ -37,3 +38,11 @@ def test_a_run_that_trains_and_then_does_not_exit_is_named_and_ended_with_its_ch
 
 def test_a_run_that_exits_after_training_is_not_a_failure(tmp_path):
     assert launch(tmp_path, "exit") is None
+
+
+def test_attention_flops_count_each_token_inside_its_own_conversation():
+    for n, span in [(1, 4), (5, 4), (2048, 1024), (700, math.inf)]:
+        assert bench.causal_span_sum(n, span) == sum(min(t + 1, span) for t in range(n))
+    config = str(ROOT / "configs" / "gemma-4-12b.json")
+    one, packed = bench.train_flops_per_token(config, [2048]), bench.train_flops_per_token(config, [512] * 4)
+    assert packed < one  # four conversations of 512 in a row see fewer keys than one of 2,048

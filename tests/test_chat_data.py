@@ -111,3 +111,21 @@ def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
     path = write_chat(tmp_path, {key: chat("Hi", "Yo")["messages"]})
     with pytest.raises(InputError, match=rf"chat\.jsonl:1: .*it has '{key}': rename that key to 'messages'"):
         chat_data.load_conversations(path)
+
+
+def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(tokenizer, tmp_path):
+    rows = chat_data.load_conversations(str(SAMPLE_DATA))
+    kept = tmp_path / f"token_lengths-{chat_data.lengths_key('abc', tokenizer, 256)}.json"
+    first = chat_data.ChatDataset(rows, tokenizer, 256, True, kept).token_lengths
+    whole = [len(chat_data.tokenize_conversation(tokenizer, r, 10**6, True)["input_ids"]) for r in rows]
+    assert first == [min(n, 256) for n in whole] and max(whole) > 256
+
+    class Untouchable:
+        def apply_chat_template(self, *args, **kwargs):
+            raise AssertionError("tokenized again")
+
+    assert chat_data.ChatDataset(rows, Untouchable(), 256, True, kept).token_lengths == first
+    keys = {
+        chat_data.lengths_key(*k) for k in [("abc", tokenizer, 256), ("abd", tokenizer, 256), ("abc", tokenizer, 512)]
+    }
+    assert len(keys) == 3  # other data or another MAX_LEN: counted anew

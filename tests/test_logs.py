@@ -37,3 +37,9 @@ def test_only_rank_0_prints(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     logs.say("from rank 0")
     assert capsys.readouterr().out == "from rank 0\n"
+
+
+def test_packed_steps_log_their_fill(tmp_path):
+    log = logs.StepLog(str(tmp_path), 1, 1, 0, torch.device("cpu"), predict_peak_gib=None, packed_slots=4 * 512)
+    log.step(1, 0, 10.0, (5.0, 1536.0, 2048.0), 1.5, 1e-4, True, 0.5, 0.01, [{"input_ids": torch.zeros(4, 512)}])
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["fill"] == 0.75

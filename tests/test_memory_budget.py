@@ -500,3 +500,19 @@ def test_a_hub_id_that_cannot_be_reached_is_one_line(tmp_path):
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.startswith("error: google/gemma-4-12B-it: ") and len(run.stderr.splitlines()) == 1
+
+
+def test_packed_rows_are_planned_on_flex_in_every_layer(shapes_12b, text_12b):
+    """PACKING=1 plans "flex": no dense mask even in the sliding layers (window 1,024 < 2,048 tokens) and K/V
+    never repeated (40 sliding layers of 8 KV heads of 256, 8 global layers of 2 KV heads of 512, 16 query heads)."""
+    import train_ddp as T
+
+    config = mb.load_config(CONFIG_12B)
+    packed = T.Config(ATTENTION_KERNEL="ffpa", PACKING=True, GRADIENT_CHECKPOINTING=0)
+    expected = mb.estimate(shapes_12b, config, mb.layout_of(packed), seq_len=2048, accum=8, attention="flex")
+    assert mb.estimate_run(packed, shapes_12b, config, 1)["peak_bytes"] == expected["peak_bytes"]
+    ffpa = budget(shapes_12b, text_12b, ckpt_every=0, attention="ffpa")["peak_bytes"]
+    flex = budget(shapes_12b, text_12b, ckpt_every=0, attention="flex")["peak_bytes"]
+    tokens, sliding = 2048, 40
+    mask_bias, repeated_kv = 2 * 2048, 2 * 2 * (16 - 8) * 256  # per token and sliding layer, in bytes
+    assert ffpa - flex == sliding * tokens * (mask_bias + repeated_kv)
