@@ -18,10 +18,15 @@ from guards import kill_tree
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
 SAMPLE_DATA = ROOT / "assets" / "sample_chat.jsonl"
-TWO_GPUS = torch.cuda.device_count() >= 2
+# Ranks of the multi-rank jobs: 2, or LANE_RANKS (the lane at N ranks: LANE_RANKS=N python -m pytest -m gpu on N
+# GPUs; gloo runs it on the CPU too).
+RANKS = int(os.environ.get("LANE_RANKS", "2"))
+ENOUGH_GPUS = torch.cuda.device_count() >= RANKS
 BACKENDS = [
     "gloo",
-    pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")]),
+    pytest.param(
+        "nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(not ENOUGH_GPUS, reason=f"needs {RANKS} CUDA devices")]
+    ),
 ]
 
 
@@ -54,7 +59,7 @@ def alive(pid: int) -> bool:
 def torchrun(
     script,
     *args,
-    nproc: int = 2,
+    nproc: int = RANKS,
     env: dict | None = None,
     timeout: float = 180,
     extra_torchrun_args: tuple = (),

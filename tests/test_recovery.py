@@ -22,7 +22,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, TWO_GPUS, cpu_config, free_port, kill_tree, launch_env, torchrun
+from conftest import (
+    BACKENDS,
+    ENOUGH_GPUS,
+    RANKS,
+    ROOT,
+    SAMPLE_DATA,
+    cpu_config,
+    free_port,
+    kill_tree,
+    launch_env,
+    torchrun,
+)
 from safetensors.torch import load_file
 
 import chat_data
@@ -32,7 +43,7 @@ from collate import PadCollate
 from guards import InputError, OutputDirError
 from lm_loss import CausalLMLoss
 
-# 28 rows on 2 ranks, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
+# 14 rows a rank, 2x2 per rank per step: 3 steps per epoch (one micro-batch dropped), 6 in all.
 # Checkpoints at steps 2 (mid-epoch 0), 3 (epoch end), 4 (mid-epoch 1) and 6 (end); the last 2 kept.
 RUN = {
     "MAX_LEN": "128",
@@ -55,8 +66,9 @@ FAULTY_TRAIN = ROOT / "tests" / "faulty_train.py"  # train_ddp.py with one injec
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     rows = SAMPLE_DATA.read_text().splitlines()
-    (d / "train.jsonl").write_text("\n".join(rows[:28]) + "\n")
-    (d / "eval.jsonl").write_text("\n".join(rows[28:35]) + "\n")  # 7 examples: not divisible by 2 ranks
+    train = [rows[i % 89] for i in range(14 * RANKS)]  # 14 rows a rank: 3 steps an epoch at any RANKS
+    (d / "train.jsonl").write_text("\n".join(train) + "\n")
+    (d / "eval.jsonl").write_text("\n".join(rows[89:96]) + "\n")  # 7 examples: not divisible by the ranks
     return {"DATA_PATH": str(d / "train.jsonl"), "EVAL_PATH": str(d / "eval.jsonl")}
 
 
@@ -135,7 +147,7 @@ class Job:
         self.ended = time.monotonic()
 
     @classmethod
-    def single_node(cls, env: dict, nproc: int = 2, backend: str = "gloo"):
+    def single_node(cls, env: dict, nproc: int = RANKS, backend: str = "gloo"):
         return cls(
             env,
             f"--nproc_per_node={nproc}",
@@ -452,7 +464,7 @@ def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, da
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")
+@pytest.mark.skipif(not ENOUGH_GPUS, reason=f"needs {RANKS} CUDA devices")
 def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record_property):
     # NCCL never raises in Python: the job's HangWatchdog must end it, before NCCL's SIGABRT
     timeout_s = 30

@@ -101,7 +101,7 @@ def _id(case):
 
 def _run(script, args, backend):
     t0 = time.monotonic()
-    launch = torchrun(REPRO / script, *args, nproc=2, timeout=BOUND, backend=backend)
+    launch = torchrun(REPRO / script, *args, timeout=BOUND, backend=backend)
     return launch, time.monotonic() - t0
 
 
