@@ -60,12 +60,13 @@ side = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3 * arg
 faulthandler.dump_traceback_later(3 * args.timeout + 10, exit=True)  # last resort: every thread's stack, exit 1
 
 g = torch.Generator().manual_seed(0)
-data = TensorDataset(torch.randn(9, 8, generator=g), torch.randn(9, 1, generator=g))  # 9 rows: odd on purpose
+rows = 4 * world + 1  # one row too many on purpose: 9 on 2 ranks
+data = TensorDataset(torch.randn(rows, 8, generator=g), torch.randn(rows, 1, generator=g))
 if args.fix == "sampler":
     loader = DataLoader(
         data, batch_size=2, drop_last=True, sampler=DistributedSampler(data, drop_last=True, shuffle=True, seed=0)
     )
-else:  # sharded by hand: rank 0 gets 5 rows (3 batches), rank 1 gets 4 rows (2 batches)
+else:  # sharded by hand: rank 0 gets 5 rows (3 batches), every other rank 4 rows (2 batches)
     loader = DataLoader(Subset(data, range(rank, len(data), world)), batch_size=2)
 counts = [None] * world
 dist.all_gather_object(counts, len(loader))

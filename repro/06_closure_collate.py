@@ -49,9 +49,9 @@ def main():
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
     # token ids stand in for tokenized chat rows; each rank its own shard
-    examples = [{"input_ids": list(range(3, 3 + n)), "labels": list(range(3, 3 + n))} for n in range(4, 20)][
+    examples = [{"input_ids": list(range(3, 3 + n)), "labels": list(range(3, 3 + n))} for n in range(4, 4 + 8 * world)][
         rank::world
-    ]
+    ]  # 8 a rank: 2 batches
     collate_fn = PadCollate(pad_token_id=0) if args.fix else make_collate(0)
     loader = DataLoader(
         examples, batch_size=4, collate_fn=collate_fn, num_workers=args.workers, multiprocessing_context="spawn"

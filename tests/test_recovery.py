@@ -86,7 +86,7 @@ def references(tmp_path_factory, data):
             out = tmp_path_factory.mktemp(f"reference-{backend}")
             run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
             assert run.returncode == 0, run.output[-4000:]
-            assert "identical on all 2 ranks" in run.output
+            assert f"identical on all {RANKS} ranks" in run.output
             made[backend] = out
         return made[backend]
 
@@ -379,7 +379,7 @@ def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
         ),
     )
     assert run.returncode == 0, run.output[-4000:]
-    assert "identical on all 2 ranks" in run.output
+    assert f"identical on all {RANKS} ranks" in run.output
     steps = {r["step"]: r for r in metrics(out)}
     assert [s for s, r in steps.items() if r["skipped"]] == [3] and math.isnan(steps[3]["loss"])
     ckpt = {s: load_file(str(out / "checkpoints" / f"step-{s:08d}" / "adapter_model.safetensors")) for s in (2, 3)}

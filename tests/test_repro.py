@@ -1,11 +1,11 @@
-"""Every repro/ script on 2 ranks, on gloo (CPU) and on NCCL (GPU lane): each bug variant fails in
+"""Every repro/ script on 2 ranks (LANE_RANKS), on gloo (CPU) and on NCCL (GPU lane): each bug variant fails in
 bounded time with its message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
 
 import re
 import time
 
 import pytest
-from conftest import BACKENDS, ROOT, torchrun
+from conftest import BACKENDS, RANKS, ROOT, torchrun
 
 REPRO = ROOT / "repro"
 HANG = ("--timeout", 5)  # process-group timeout for the cases that would hang: the error comes after 5 s
@@ -15,12 +15,13 @@ DRIFT4 = r"rank 0: sha256 of all trained parameters (\w+)\n  rank 1: sha256 of a
 DRIFT5 = r"rank 0: all-reduces .* sha256 (\w+)\n  rank 1: all-reduces .* sha256 (?!\1)\w+"
 
 # (script, args, patterns that must all appear in the output)
+UNEVEN = r"batches per rank: \[3" + r", 2" * (RANKS - 1) + r"\]"  # rank 0 one batch more than the others
 BUGS = [
     (
         "01_uneven_batches.py",
         HANG,
         [
-            r"batches per rank: \[3, 2\]",
+            UNEVEN,
             r"Timed out",
             r"stuck in the gradient all-reduce of batch 3/3",
             r"stuck in the barrier after its 2 batches",
@@ -68,8 +69,8 @@ BUGS = [
     ("07_all_ranks_write.py", (), [r"rank 0 reads back (a state no rank held|rank 1's state|an unreadable file)"]),
 ]
 FIXES = [
-    ("01_uneven_batches.py", ("--fix=sampler", *HANG), [r"batches per rank: \[2, 2\]"]),
-    ("01_uneven_batches.py", ("--fix=join", *HANG), [r"batches per rank: \[3, 2\]"]),
+    ("01_uneven_batches.py", ("--fix=sampler", *HANG), [r"batches per rank: \[2" + r", 2" * (RANKS - 1) + r"\]"]),
+    ("01_uneven_batches.py", ("--fix=join", *HANG), [UNEVEN]),
     ("02_unused_parameters.py", ("--fix",), [r"OK \(--fix=scope\)", r"step 3 ok"]),
     ("02_unused_parameters.py", ("--fix=find_unused",), [r"OK \(--fix=find_unused\)", r"step 3 ok"]),
     ("03_rank_divergent.py", ("--variant", "a", "--fix", *HANG), [r"mean loss over ranks"]),
@@ -90,7 +91,7 @@ NCCL_BOUND = 3 * 5 + 30  # the hang cases on NCCL: 3x --timeout, plus 30 s for s
 # NCCL may match a stray collective silently instead of timing out, so its hang cases promise less than
 # gloo's exact "Timed out" story: every rank reports where it stood, rank 0 explains.
 NCCL_HANG = {
-    "01": [r"batches per rank: \[3, 2\]", r"\[rank 0\] (stuck in|finished)", r"\[rank 1\] (stuck in|finished)"],
+    "01": [UNEVEN, r"\[rank 0\] (stuck in|finished)", r"\[rank 1\] (stuck in|finished)"],
     "03": [r"\[rank 0\] (stuck in|reached)", r"\[rank 1\] (stuck in|reached)"],
 }
 

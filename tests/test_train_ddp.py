@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import (
     BACKENDS,
+    RANKS,
     ROOT,
     SAMPLE_DATA,
     cpu_config,
@@ -49,7 +50,9 @@ def write_rows(path, rows):
 
 
 def sample_rows(n):
-    return SAMPLE_DATA.read_text().splitlines()[:n]
+    """The first n rows of the sample data, repeated from its start past its 96."""
+    rows = SAMPLE_DATA.read_text().splitlines()
+    return [rows[i % len(rows)] for i in range(n)]
 
 
 # ---------------------------------------------------------------- data
@@ -129,7 +132,7 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny
 # ---------------------------------------------------------------- real 2-rank jobs
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_end_to_end_two_ranks(tmp_path, backend):
-    data = write_rows(tmp_path / "train.jsonl", sample_rows(37))  # 37: not divisible by 2*2*2
+    data = write_rows(tmp_path / "train.jsonl", sample_rows(18 * RANKS + 1))  # 37 on 2 ranks: not divisible by 2*2*2
     out = tmp_path / "out"
     run = torchrun(
         ROOT / "train_ddp.py",
@@ -145,9 +148,9 @@ def test_end_to_end_two_ranks(tmp_path, backend):
         backend=backend,
     )
     assert run.returncode == 0, run.output[-4000:]
-    assert "identical on all 2 ranks" in run.output
+    assert f"identical on all {RANKS} ranks" in run.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum, as at any RANKS
     assert records[0]["lr"] > 0  # warmup's first step trains
     assert "FutureWarning" not in run.output and run.output.count("Loading weights: 100%") == 1  # rank 0's bar only
     summary = re.search(
