@@ -281,6 +281,17 @@ def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:
     )
 
 
+def settle_buckets(model: DDP, batch: dict, device: torch.device) -> None:
+    """One throwaway forward and backward, its gradients dropped. DDP reduces its first synchronized backward
+    in one bucket in parameter order, then re-buckets in the order gradients became ready. Above 2 ranks a
+    float sum's last bits depend on that layout, so without this a run resumed at step k would reduce step k
+    unlike the run it continues; with it every run, fresh or resumed, reduces every step in the same buckets."""
+    with autocast(device):
+        loss_sum, _ = model(**on_device(batch, device))
+    loss_sum.backward()  # an all-reduce, on every rank
+    model.zero_grad(set_to_none=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # Data: each rank its own shard of every epoch (DistributedSampler), the same number of steps on every rank
 def epoch_data(dataset: ChatDataset, cfg: Config, epoch: int) -> Dataset:
@@ -610,6 +621,7 @@ def main() -> None:
         log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)
         trace = Path(cfg.OUTPUT_DIR) / f"trace_step{cfg.PROFILE_STEP}_rank{rank}.json"
         model.train()
+        settle_buckets(model, train_collate([epoch_data(dataset, cfg, progress["epoch"])[0]]), device)
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
         #    optimizer steps on every rank, so every collective below is entered by every rank.

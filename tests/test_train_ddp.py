@@ -153,9 +153,10 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum, as at any RANKS
     assert records[0]["lr"] > 0  # warmup's first step trains
     assert "FutureWarning" not in run.output and run.output.count("Loading weights: 100%") == 1  # rank 0's bar only
+    rows, left_out = 18 * RANKS + 1, 2 * RANKS + 1  # 16 a rank train (4 steps of 2x2), the rest is dropped
     summary = re.search(
-        r"data: 37 rows; of 37 sampled, (\d+) longer than MAX_LEN=256 \((\d+) of (\d+) target tokens "
-        r"cut\), \d+ with no target left; 5 rows per epoch left out by drop_last",
+        rf"data: {rows} rows; of {rows} sampled, (\d+) longer than MAX_LEN=256 \((\d+) of (\d+) target tokens "
+        rf"cut\), \d+ with no target left; {left_out} rows per epoch left out by drop_last",
         run.output,
     )
     assert summary and int(summary[3]) > sum(r["targets"] for r in records), run.output[:3000]
