@@ -152,7 +152,7 @@ class ChatDataset(Dataset):
     def token_lengths(self) -> list[int]:
         """Every conversation's tokens, at most max_len (what packing needs before the first step). A full pass
         over 100k rows takes 37 s on 2 cores, batched (95 s one by one), so it is kept in `lengths_file`
-        (named by lengths_key()) for the next run or resume on the same data."""
+        (named by lengths_file()) for the next run or resume on the same data."""
         if self.lengths_file is not None and self.lengths_file.exists():
             return json.loads(self.lengths_file.read_text())
         lengths = []
@@ -168,10 +168,11 @@ class ChatDataset(Dataset):
         return lengths
 
 
-def lengths_key(data_sha256: str, tokenizer, max_len: int) -> str:
-    """What token_lengths depend on: the data, the tokenizer (vocabulary and chat template) and MAX_LEN."""
+def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> Path:
+    """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer (its
+    vocabulary and chat template) and MAX_LEN."""
     parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len)]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 
 def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:

@@ -36,7 +36,7 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, data_summary, lengths_key, load_conversations
+from chat_data import ChatDataset, data_summary, lengths_file, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
@@ -282,10 +282,9 @@ def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:
 
 
 def settle_buckets(model: DDP, batch: dict, device: torch.device) -> None:
-    """One throwaway forward and backward, its gradients dropped. DDP reduces its first synchronized backward
-    in one bucket in parameter order, then re-buckets in the order gradients became ready. Above 2 ranks a
-    float sum's last bits depend on that layout, so without this a run resumed at step k would reduce step k
-    unlike the run it continues; with it every run, fresh or resumed, reduces every step in the same buckets."""
+    """One throwaway forward and backward, gradients dropped: DDP re-buckets after its first backward, and above
+    2 ranks a float sum's last bits follow the bucket layout. So every run, fresh or resumed, reduces every
+    step in the same buckets, and resume stays bitwise at any world size."""
     with autocast(device):
         loss_sum, _ = model(**on_device(batch, device))
     loss_sum.backward()  # an all-reduce, on every rank
@@ -556,12 +555,11 @@ def main() -> None:
         steps_per_epoch(len(conversations), world, cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
     identity = run_record.identity(cfg, world)
-    lengths_file = None  # packing needs every token length up front: kept for the next run on the same data
-    if cfg.PACKING:
-        key = lengths_key(identity["data_sha256"], tokenizer, cfg.MAX_LEN)
-        lengths_file = Path(cfg.OUTPUT_DIR) / f"token_lengths-{key}.json"
-    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, lengths_file)
-    eval_set = eval_conversations and ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS)
+    kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
+    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept)  # lengths kept
+    eval_set = (
+        ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if eval_conversations else None
+    )
     epoch_steps = [steps_per_epoch(len(epoch_data(dataset, cfg, e)), world, cfg) for e in range(cfg.EPOCHS)]
     total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest

@@ -115,7 +115,7 @@ def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
 
 def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(tokenizer, tmp_path):
     rows = chat_data.load_conversations(str(SAMPLE_DATA))
-    kept = tmp_path / f"token_lengths-{chat_data.lengths_key('abc', tokenizer, 256)}.json"
+    kept = chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256)
     first = chat_data.ChatDataset(rows, tokenizer, 256, True, kept).token_lengths
     whole = [len(chat_data.tokenize_conversation(tokenizer, r, 10**6, True)["input_ids"]) for r in rows]
     assert first == [min(n, 256) for n in whole] and max(whole) > 256
@@ -125,7 +125,5 @@ def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_da
             raise AssertionError("tokenized again")
 
     assert chat_data.ChatDataset(rows, Untouchable(), 256, True, kept).token_lengths == first
-    keys = {
-        chat_data.lengths_key(*k) for k in [("abc", tokenizer, 256), ("abd", tokenizer, 256), ("abc", tokenizer, 512)]
-    }
-    assert len(keys) == 3  # other data or another MAX_LEN: counted anew
+    other = [chat_data.lengths_file(str(tmp_path), d, tokenizer, n) for d, n in [("abd", 256), ("abc", 512)]]
+    assert len({kept, *other}) == 3  # other data or another MAX_LEN: counted anew
