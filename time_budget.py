@@ -7,7 +7,8 @@ ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
   measured  the data's token lengths through the real chat template (every row up to --rows, sampled
             evenly), the target fraction; train_ddp's forward_backward + clip + AdamW step on micro-batches
             of real rows at the short, typical and long quantiles of that length distribution (warm-up
-            steps first), the peak memory of each; one checkpoint save.
+            steps first), the peak memory of each; one checkpoint save. With PACKING=1: the trainer's packed
+            rows (all MAX_LEN wide), one micro-batch of a typical one measured; the report says which mode.
   modelled  the time of every other micro-batch length (linear between the measured lengths, where attention
             makes it convex, so it errs slightly high; below the shortest, that one's time); the epoch as
             the trainer cuts it (DistributedSampler + length grouping), every rank's own micro-batches, a step
@@ -69,7 +70,7 @@ def epoch_micro_batches(tokens: list[int], group_keys: list[int], rank: int, ran
         range(len(tokens)), num_replicas=ranks, rank=rank, shuffle=True, seed=run.SEED, drop_last=True
     )
     micro, window = run.MICRO_BATCH, run.MICRO_BATCH * run.ACCUM_STEPS
-    order = list(StepOrder(sampler, 0, group_keys if run.GROUP_BY_LENGTH else None, window))
+    order = list(StepOrder(sampler, 0, group_keys if run.GROUP_BY_LENGTH and not run.PACKING else None, window))
     order = order[: len(order) // window * window]
     return [
         padded(max(tokens[i] for i in order[s : s + micro]), run.PAD_TO_MULTIPLE) for s in range(0, len(order), micro)
@@ -130,6 +131,7 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
 
     import train_ddp as T
     from collate import PadCollate
+    from packing import PackCollate
 
     torch.manual_seed(run.SEED)
     peft_model = T.add_lora(T.load_model(run, device), run)
@@ -137,7 +139,11 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS), device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=run.LR, fused=device.type == "cuda")
-    collate = PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
+    collate = (
+        PackCollate(tokenizer.pad_token_id, run.MAX_LEN)
+        if run.PACKING
+        else PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
+    )
     for p in params:  # the optimizer step alone (its state first, so that each length's peak includes it)
         p.grad = torch.zeros_like(p)  # zero gradients, no weight decay: the weights do not move
     optimizer.step()
@@ -201,6 +207,7 @@ def main(argv=None) -> None:
     import train_ddp as T
     from chat_data import ChatDataset, load_conversations, tokenize_conversation
     from guards import InputError
+    from packing import rows_of_epoch
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
@@ -208,20 +215,29 @@ def main(argv=None) -> None:
         torch.cuda.set_device(device)
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
     conversations = load_conversations(run.DATA_PATH)
-    configs, skipped = [], {}  # (nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule
-    for nodes in args.nodes:
-        for gpus in args.gpus_per_node:
-            try:
-                T.steps_per_epoch(len(conversations), gpus * nodes, run)
-                configs.append((nodes, gpus))
-            except InputError as e:  # said now, not after minutes of measuring
-                skipped[f"{nodes} x {gpus}"] = line = f"skipped {nodes} x {gpus} ({gpus * nodes} ranks): {e}; {FEWER}"
-                print(line, flush=True)
-    if not configs:
-        raise SystemExit(
-            f"{run.DATA_PATH}: {len(conversations)} rows fill no optimizer step of {', '.join(skipped)} "
-            f"(nodes x GPUs per node); {FEWER}"
-        )
+
+    def fillable(samples: int) -> tuple[list, dict]:
+        """(nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule; the others, said."""
+        configs, skipped = [], {}
+        for nodes in args.nodes:
+            for gpus in args.gpus_per_node:
+                try:
+                    T.steps_per_epoch(samples, gpus * nodes, run)
+                    configs.append((nodes, gpus))
+                except InputError as e:  # said now, not after minutes of measuring
+                    skipped[f"{nodes} x {gpus}"] = line = (
+                        f"skipped {nodes} x {gpus} ({gpus * nodes} ranks): {e}; {FEWER}"
+                    )
+                    print(line, flush=True)
+        if not configs:
+            raise SystemExit(
+                f"{run.DATA_PATH}: {samples} {'packed rows' if run.PACKING else 'rows'} fill no optimizer step of "
+                f"{', '.join(skipped)} (nodes x GPUs per node); {FEWER}"
+            )
+        return configs, skipped
+
+    if not run.PACKING:  # packed rows are known only once the lengths are
+        configs, skipped = fillable(len(conversations))
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # plain python takes every core; torchrun's ranks take one each
         print(
@@ -237,12 +253,20 @@ def main(argv=None) -> None:
     targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
     by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
     quantile_rows = {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
+    n = len(conversations)  # a sample stands for the whole file
+    tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
+    mode = "unpacked rows (PACKING=0)"
+    if run.PACKING:  # the trainer's packed rows, all MAX_LEN wide: one row of real conversations is measured
+        packed = rows_of_epoch(tokens, run.SEED, 0, run.MAX_LEN)
+        configs, skipped = fillable(len(packed))
+        fill = sum(tokens) / (len(packed) * run.MAX_LEN)
+        mode = f"packed rows (PACKING=1): {n:,} rows in {len(packed):,} of MAX_LEN, fill {fill:.1%}"
+        quantile_rows = {"packed row": [rows[i % len(rows)] for i in packed[len(packed) // 2]]}
+        tokens = group_keys = [run.MAX_LEN] * len(packed)
     measured = measure(run, device, tokenizer, quantile_rows, args.warmup, args.steps)
     if not measured["micro_batch_s"]:
         raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
 
-    n = len(conversations)  # a sample stands for the whole file
-    tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
     source = run.MODEL_CONFIG or run.MODEL_ID
     shapes, config = memory_budget.param_shapes_from_path(source), memory_budget.load_config(source)
     predictions = []
@@ -257,7 +281,7 @@ def main(argv=None) -> None:
         f"time budget on {device.type} ({machine}) | {source} | {len(conversations):,} rows; lengths p10/p50/p90/max "
         f"{'/'.join(str(quantile(lengths, q)) for q in QUANTILES.values())} tokens (MAX_LEN={run.MAX_LEN}); "
         f"targets {100 * targets:.0f}% of tokens | micro-batch {run.MICRO_BATCH} x {run.ACCUM_STEPS} | "
-        f"ATTENTION_KERNEL={run.ATTENTION_KERNEL}"
+        f"ATTENTION_KERNEL={run.ATTENTION_KERNEL} | {mode}"
     )
     print("measured, per micro-batch:\n| length | seconds | tokens/s per GPU | peak alloc GiB |\n|---|---|---|---|")
     for length, seconds in sorted(measured["micro_batch_s"].items()):

@@ -5,10 +5,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import cpu_config, free_port
+from conftest import SAMPLE_DATA, cpu_config, free_port
+from transformers import AutoTokenizer
 
 import time_budget as TB
 import train_ddp as T
+from chat_data import ChatDataset, load_conversations
 from collate import PadCollate
 
 SETTINGS = cpu_config(
@@ -29,13 +31,14 @@ def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
     assert TB.interpolate(points, 4096) == pytest.approx(6.0 + 4 * 2048 / 1536)
 
 
-@pytest.mark.parametrize("group_by_length", [True, False])
-def test_the_epoch_is_cut_into_the_micro_batches_the_trainer_runs(group_by_length):
-    """Padded widths of every micro-batch of both ranks of 2, against train_ddp.train_loader itself."""
+@pytest.mark.parametrize("group_by_length,packing", [(True, False), (False, False), (True, True)])
+def test_the_epoch_is_cut_into_the_micro_batches_the_trainer_runs(group_by_length, packing):
+    """Padded widths of every micro-batch of both ranks of 2, against train_ddp.train_loader itself (which
+    groups no packed rows by length)."""
     gen = torch.Generator().manual_seed(0)
     tokens = [int(n) for n in torch.randint(20, 700, (53,), generator=gen)]
     keys = [3 * n + 1 for n in tokens]  # the trainer groups by characters; any order-preserving key here
-    settings = replace(SETTINGS, GROUP_BY_LENGTH=group_by_length, NUM_WORKERS=0)
+    settings = replace(SETTINGS, GROUP_BY_LENGTH=group_by_length, PACKING=packing, NUM_WORKERS=0)
     dataset = Rows({"input_ids": [1] * n, "labels": [1] * n} for n in tokens)
     dataset.lengths = keys
     for rank in (0, 1):
@@ -119,6 +122,22 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, ca
     one, two = result["predictions"]
     assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1, T.Config())
     assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2, T.Config())
+
+
+def test_packed_rows_are_measured_and_modelled_as_the_trainer_packs_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PACKING", "1")
+    monkeypatch.setenv("MAX_LEN", "512")
+    monkeypatch.setenv("ACCUM_STEPS", "2")
+    report = tmp_path / "report.json"
+    TB.main(["--gpus-per-node", "1", "2", "--warmup", "0", "--steps", "1", "--json", str(report)])
+    out = capsys.readouterr().out
+    run = cpu_config(PACKING=True, MAX_LEN=512, ACCUM_STEPS=2)
+    dataset = ChatDataset(load_conversations(str(SAMPLE_DATA)), AutoTokenizer.from_pretrained(run.MODEL_ID), 512, True)
+    rows = len(T.epoch_data(dataset, run, 0))
+    assert f"packed rows (PACKING=1): 96 rows in {rows} of MAX_LEN" in out and "measuring packed row: 512 tokens" in out
+    result = json.loads(report.read_text())
+    assert list(result["measured"]["micro_batch_s"]) == ["512"]  # one width: every packed row is MAX_LEN wide
+    assert [p["steps_per_epoch"] for p in result["predictions"]] == [T.steps_per_epoch(rows, w, run) for w in (1, 2)]
 
 
 def test_data_that_fill_no_step_of_any_configuration_stop_it_before_measuring(monkeypatch, capsys, sample_data_path):
