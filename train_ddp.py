@@ -619,7 +619,7 @@ def main() -> None:
         log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)
         trace = Path(cfg.OUTPUT_DIR) / f"trace_step{cfg.PROFILE_STEP}_rank{rank}.json"
         model.train()
-        first = epoch_data(dataset, cfg, progress["epoch"])  # a micro-batch of the shape step 1 compiles for
+        first = epoch_data(dataset, cfg, progress["epoch"])  # a full micro-batch (packed: step 1's very shape)
         settle_buckets(model, train_collate([first[i] for i in range(cfg.MICRO_BATCH)]), device)
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
