@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, SAMPLE_DATA, cpu_config, nonzero_lora_b, torchrun
+from conftest import BACKENDS, RANKS, ROOT, SAMPLE_DATA, cpu_config, nonzero_lora_b, torchrun
 
 import attention
 import packing
@@ -92,7 +92,8 @@ def test_a_packed_run_killed_mid_epoch_resumes_bitwise(tmp_path, backend):
     from test_recovery import RUN, Job, adapter, assert_bitwise_equal, metrics, resumed_step
 
     data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(SAMPLE_DATA.read_text().splitlines()[:40]) + "\n")
+    rows = SAMPLE_DATA.read_text().splitlines()
+    data.write_text("\n".join(rows[i % len(rows)] for i in range(20 * RANKS)) + "\n")  # 40 on 2 ranks
     env = {**RUN, "DATA_PATH": str(data), "PACKING": "1", "MAX_LEN": "256", "MICRO_BATCH": "1", "SAVE_EVERY": "1"}
     env.pop("EVAL_EVERY")
     reference = torchrun(ROOT / "train_ddp.py", env={**env, "OUTPUT_DIR": str(tmp_path / "reference")}, backend=backend)
