@@ -560,10 +560,11 @@ def main() -> None:
     eval_set = (
         ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if eval_conversations else None
     )
-    epoch_steps = [steps_per_epoch(len(epoch_data(dataset, cfg, e)), world, cfg) for e in range(cfg.EPOCHS)]
+    epochs = [epoch_data(dataset, cfg, e) for e in range(cfg.EPOCHS)]  # with PACKING: each epoch packed once
+    epoch_steps = [steps_per_epoch(len(data), world, cfg) for data in epochs]
     total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
-    say(data_summary(dataset, epoch_data(dataset, cfg, 0), used, cfg.DATA_PATH))
+    say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity)
     run_config = {
@@ -619,15 +620,15 @@ def main() -> None:
         log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)
         trace = Path(cfg.OUTPUT_DIR) / f"trace_step{cfg.PROFILE_STEP}_rank{rank}.json"
         model.train()
-        first = epoch_data(dataset, cfg, progress["epoch"])  # a full micro-batch (packed: step 1's very shape)
-        settle_buckets(model, train_collate([first[i] for i in range(cfg.MICRO_BATCH)]), device)
+        # a full micro-batch (packed: step 1's very shape)
+        settle_buckets(model, train_collate([epochs[0][i] for i in range(cfg.MICRO_BATCH)]), device)
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
         #    optimizer steps on every rank, so every collective below is entered by every rank.
         while progress["step"] < total_steps:
             epoch = progress["epoch"]
             skip = progress["step_in_epoch"] * cfg.ACCUM_STEPS * cfg.MICRO_BATCH  # samples already trained on
-            batches = iter(train_loader(epoch_data(dataset, cfg, epoch), cfg, rank, world, epoch, skip, train_collate))
+            batches = iter(train_loader(epochs[epoch], cfg, rank, world, epoch, skip, train_collate))
             while progress["epoch"] == epoch and progress["step"] < total_steps:
                 step = position.current = progress["step"] + 1
                 torch.manual_seed(cfg.SEED + 1_000_003 * rank + step)  # dropout masks: a function of (seed, rank, step)
