@@ -7,6 +7,7 @@ import sys
 import time
 from argparse import Namespace
 
+import pytest
 from conftest import ROOT, alive
 
 import bench
@@ -44,5 +45,7 @@ def test_attention_flops_count_each_token_inside_its_own_conversation():
     for n, span in [(1, 4), (5, 4), (2048, 1024), (700, math.inf)]:
         assert bench.causal_span_sum(n, span) == sum(min(t + 1, span) for t in range(n))
     config = str(ROOT / "configs" / "gemma-4-12b.json")
-    one, packed = bench.train_flops_per_token(config, [2048]), bench.train_flops_per_token(config, [512] * 4)
-    assert packed < one  # four conversations of 512 in a row see fewer keys than one of 2,048
+    flops = {n: bench.train_flops_per_token(config, [n]) for n in (512, 1536, 2048)}
+    both = bench.train_flops_per_token(config, [512, 1536])  # one packed row of two conversations
+    assert both == pytest.approx((512 * flops[512] + 1536 * flops[1536]) / 2048)  # each token in its own
+    assert both < flops[2048]  # fewer keys than one conversation of 2,048
