@@ -1,7 +1,8 @@
 """The causal-LM loss, inside the module DDP wraps (so DDP's forward prepares the gradient reduction).
 
 CausalLMLoss returns the loss SUM and the number of targets of a micro-batch: train_ddp.forward_backward
-weights them into the global token-mean loss. With chunking, only target positions reach the LM head.
+weights them into the global token-mean loss. With chunking, only target positions reach the LM head, and
+each chunk's gradient is computed in the same pass as its loss (LinearCrossEntropy).
 """
 
 import torch
@@ -12,21 +13,73 @@ from attention import packed_masks
 from collate import IGNORE_INDEX
 
 
+def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float | None):
+    """(loss SUM over the rows of `logits`, d loss / d logits), in FP32, with Gemma's final-logit softcap
+    c = softcap * tanh(z / softcap): d loss / d z = (softmax(c) - onehot(target)) * (1 - tanh^2). Works in place
+    (two FP32 buffers of the logits' size): `logits` is consumed."""
+    z = logits.float()
+    tanh = z.div_(softcap).tanh_() if softcap else None
+    capped = tanh * softcap if softcap else z
+    lse = torch.logsumexp(capped, dim=-1, keepdim=True)
+    loss = (lse - capped.gather(-1, targets[:, None])).sum()
+    grad = capped.sub_(lse).exp_()  # softmax
+    grad[torch.arange(len(targets), device=grad.device), targets] -= 1
+    if softcap:
+        grad.mul_(tanh.square_().neg_().add_(1))
+    return loss, grad
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Loss SUM of the LM head plus softcapped cross-entropy, chunk by chunk, with d loss / d hidden computed in
+    the same pass: each chunk's (tokens x 262,144) FP32 logits exist once, briefly, and are neither stored nor
+    recomputed in backward, which only scales the stored gradient. The LM head's weight must be frozen (Gemma's
+    tied embeddings are): it gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, softcap, chunk, cross_entropy):
+        grad = torch.empty_like(hidden)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for i in range(0, targets.numel(), chunk):
+            logits = F.linear(hidden[i : i + chunk], weight)  # under autocast: the LM head's own BF16 matmul
+            part, logit_grad = cross_entropy(logits, targets[i : i + chunk], softcap)
+            grad[i : i + chunk] = logit_grad.to(logits.dtype) @ weight
+            loss = loss + part
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None, None, None
+
+
 class CausalLMLoss(torch.nn.Module):
     """forward(batch) -> (loss SUM over this micro-batch's targets, number of targets).
 
     The loss lives inside the module DDP wraps, so DDP's forward prepares the gradient reduction.
-    With ce_chunk_tokens > 0 (CE_CHUNK_TOKENS) only target positions reach the LM head, in chunks whose FP32
-    logits are recomputed in backward: the (tokens x 262,144) FP32 logits are never materialised at once.
+    With ce_chunk_tokens > 0 (CE_CHUNK_TOKENS) only target positions reach the LM head, in chunks of that many
+    tokens, with their gradient in the same pass (LinearCrossEntropy): the (tokens x 262,144) FP32 logits are
+    never materialised at once, nor recomputed. A trainable LM head, and evaluation, take checkpointed chunks
+    instead. compiled (COMPILE_LAYERS) fuses each chunk's softcap, softmax and gradient into a few kernels.
     """
 
-    def __init__(self, peft_model, ce_chunk_tokens: int):
+    def __init__(self, peft_model, ce_chunk_tokens: int, compiled: bool = False):
         super().__init__()
         self.lm, self.ce_chunk_tokens = peft_model, ce_chunk_tokens
         causal_lm = peft_model.get_base_model()
         self.decoder, self.lm_head = causal_lm.model, causal_lm.get_output_embeddings()
         text_config = causal_lm.config.get_text_config()
         self.softcap, self.sliding_window = text_config.final_logit_softcapping, text_config.sliding_window
+        self.fused = (
+            ce_chunk_tokens > 0
+            and type(self.lm_head) is torch.nn.Linear
+            and self.lm_head.bias is None
+            and not self.lm_head.weight.requires_grad
+        )
+        # dynamic: the last chunk of a micro-batch has a length of its own
+        self.cross_entropy = (
+            torch.compile(softcapped_cross_entropy, dynamic=True) if compiled else softcapped_cross_entropy
+        )
 
     def logits_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
@@ -51,8 +104,12 @@ class CausalLMLoss(torch.nn.Module):
             return self.logits_loss_sum(hidden, targets), n_targets
         keep = targets != IGNORE_INDEX
         hidden, targets = hidden[keep], targets[keep]
-        # No target here (an assistant turn cut off by MAX_LEN): a zero that still reaches every adapter,
-        # so backward runs and DDP's reducer gets the (zero) gradients it waits for.
+        if self.fused and torch.is_grad_enabled():
+            # No target (an assistant turn cut off by MAX_LEN) still gives a loss whose (zero) gradient reaches
+            # every adapter, so backward runs and DDP's reducer gets the gradients it waits for.
+            weight = self.lm_head.weight
+            return LinearCrossEntropy.apply(hidden, weight, targets, self.softcap, chunk, self.cross_entropy), n_targets
+        # A trainable LM head, or evaluation: checkpointed chunks through the module itself (the same zero).
         loss = hidden.float().sum() * 0.0
         for i in range(0, targets.numel(), chunk):
             loss = loss + checkpoint(

@@ -136,7 +136,7 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     torch.manual_seed(run.SEED)
     peft_model = T.add_lora(T.load_model(run, device), run)
     T.init_distributed(device, tempfile.gettempdir(), run.DIST_INIT_TIMEOUT_S)
-    model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS), device)
+    model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS, compiled=run.COMPILE_LAYERS), device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=run.LR, fused=device.type == "cuda")
     collate = (

@@ -604,7 +604,7 @@ def main() -> None:
         first_step = progress["step"] + 1
 
         # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
-        model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS), device)
+        model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS), device)
         collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE)  # evaluation: one conversation a row
         train_collate = PackCollate(tokenizer.pad_token_id, cfg.MAX_LEN) if cfg.PACKING else collate
         n_trainable, n_total = peft_model.get_nb_trainable_parameters()

@@ -96,7 +96,7 @@ def test_chunked_loss_equals_full_logits_loss(tokenizer, tiny_lora_model):
         module = CausalLMLoss(tiny_lora_model, chunk).eval()
         tiny_lora_model.zero_grad(set_to_none=True)
         loss, n = module(**batch)
-        loss.backward()
+        (loss / n).backward()  # scaled, as forward_backward scales it
         grads = [p.grad.clone() for p in tiny_lora_model.parameters() if p.requires_grad]
         results.append((loss.detach(), n, grads))
     (full, n_full, g_full), (chunked, n_chunked, g_chunked) = results
@@ -358,7 +358,7 @@ def loss_and_grads(tokenizer, bf16: bool = False, **constants):
     torch.manual_seed(0)
     base = T.load_model(cfg, torch.device("cpu"))
     model = nonzero_lora_b(T.add_lora(base.to(torch.bfloat16) if bf16 else base, cfg))
-    module = CausalLMLoss(model, cfg.CE_CHUNK_TOKENS).train()
+    module = CausalLMLoss(model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS).train()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss, n = module(**batch)
     loss.backward()
@@ -397,9 +397,16 @@ def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(tokenizer):
     assert_same(fast, plain, rtol=2e-2)  # the adapter matmuls ran in bf16 either way; only casts moved
 
 
+def test_bf16_chunked_loss_matches_the_full_logits_loss_under_autocast(tokenizer):
+    """The chunked loss computes its gradient itself (lm_loss.LinearCrossEntropy): in BF16 it must do the LM
+    head's matmuls as autocast does them for the full-logits loss."""
+    chunked = loss_and_grads(tokenizer, bf16=True, CE_CHUNK_TOKENS=64)
+    assert_same(chunked, loss_and_grads(tokenizer, bf16=True), rtol=2e-2)
+
+
 def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer):
-    assert_same(
-        loss_and_grads(tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1),
+    assert_same(  # the compiled decoder layers and the compiled loss chunks
+        loss_and_grads(tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1, CE_CHUNK_TOKENS=64),
         loss_and_grads(tokenizer),
         rtol=1e-4,
     )
