@@ -15,15 +15,14 @@ from collate import IGNORE_INDEX
 
 def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float | None):
     """(loss SUM over the rows of `logits`, d loss / d logits), in FP32, with Gemma's final-logit softcap
-    c = softcap * tanh(z / softcap): d loss / d z = (softmax(c) - onehot(target)) * (1 - tanh^2). Works in place
-    (two FP32 buffers of the logits' size): `logits` is consumed."""
-    z = logits.float()
-    tanh = z.div_(softcap).tanh_() if softcap else None
-    capped = tanh * softcap if softcap else z
-    lse = torch.logsumexp(capped, dim=-1, keepdim=True)
-    loss = (lse - capped.gather(-1, targets[:, None])).sum()
-    grad = capped.sub_(lse).exp_()  # softmax
-    grad[torch.arange(len(targets), device=grad.device), targets] -= 1
+    c = softcap * tanh(z / softcap): d loss / d z = (softmax(c) - onehot(target)) * (1 - tanh^2). In place where
+    it can be (about three FP32 buffers of the logits' size at the peak); `logits` may be overwritten."""
+    tanh = logits.float().div_(softcap).tanh_() if softcap else None
+    log_probs = F.log_softmax(tanh * softcap if softcap else logits.float(), dim=-1)
+    rows = torch.arange(len(targets), device=log_probs.device)
+    loss = -log_probs[rows, targets].sum()
+    grad = log_probs.exp_()  # softmax
+    grad[rows, targets] -= 1
     if softcap:
         grad.mul_(tanh.square_().neg_().add_(1))
     return loss, grad
