@@ -88,12 +88,13 @@ def test_adapters_only_on_the_text_decoder(tiny_lora_model):
     assert tiny_lora_model.get_nb_trainable_parameters()[0] == expected
 
 
-def test_chunked_loss_equals_full_logits_loss(tokenizer, tiny_lora_model):
+@pytest.mark.parametrize("compiled", [False, True], ids=["checkpointed-chunks", "fused-chunks"])
+def test_chunked_loss_equals_full_logits_loss(tokenizer, tiny_lora_model, compiled):
     rows = chat_data.load_conversations(str(SAMPLE_DATA))[:3]
     batch = PadCollate(tokenizer.pad_token_id)([chat_data.tokenize_conversation(tokenizer, r, 512, True) for r in rows])
     results = []
     for chunk in (0, 7):
-        module = CausalLMLoss(tiny_lora_model, chunk).eval()
+        module = CausalLMLoss(tiny_lora_model, chunk, compiled=compiled).eval()
         tiny_lora_model.zero_grad(set_to_none=True)
         loss, n = module(**batch)
         (loss / n).backward()  # scaled, as forward_backward scales it
@@ -347,8 +348,9 @@ def test_without_torchrun_it_says_how_to_launch_and_still_trains(tmp_path):
 
 
 # ---------------------------------------------------------------- optimisations compute the same thing
-def loss_and_grads(tokenizer, bf16: bool = False, **constants):
-    """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants set."""
+def loss_and_grads(tokenizer, bf16: bool = False, fused_loss: bool = False, **constants):
+    """Loss sum and LoRA gradients of one micro-batch of 3 samples, with train_ddp constants set; fused_loss: the
+    compiled loss chunks (lm_loss.LinearCrossEntropy) without COMPILE_LAYERS' compiled decoder layers."""
     plain = {"LORA_DROPOUT": 0.0, "CE_CHUNK_TOKENS": 0, "GRADIENT_CHECKPOINTING": 0, "LORA_BF16_INPUTS": False}
     cfg = cpu_config(**{**plain, **constants})
     rows = chat_data.load_conversations(str(SAMPLE_DATA))[3:6]
@@ -358,7 +360,7 @@ def loss_and_grads(tokenizer, bf16: bool = False, **constants):
     torch.manual_seed(0)
     base = T.load_model(cfg, torch.device("cpu"))
     model = nonzero_lora_b(T.add_lora(base.to(torch.bfloat16) if bf16 else base, cfg))
-    module = CausalLMLoss(model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS).train()
+    module = CausalLMLoss(model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS or fused_loss).train()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss, n = module(**batch)
     loss.backward()
@@ -398,9 +400,9 @@ def test_bf16_lora_inputs_match_pefts_fp32_inputs_under_autocast(tokenizer):
 
 
 def test_bf16_chunked_loss_matches_the_full_logits_loss_under_autocast(tokenizer):
-    """The chunked loss computes its gradient itself (lm_loss.LinearCrossEntropy): in BF16 it must do the LM
-    head's matmuls as autocast does them for the full-logits loss."""
-    chunked = loss_and_grads(tokenizer, bf16=True, CE_CHUNK_TOKENS=64)
+    """Compiled, the chunked loss computes its gradient itself (lm_loss.LinearCrossEntropy): in BF16 it must do the
+    LM head's matmuls as autocast does them for the full-logits loss."""
+    chunked = loss_and_grads(tokenizer, bf16=True, fused_loss=True, CE_CHUNK_TOKENS=64)
     assert_same(chunked, loss_and_grads(tokenizer, bf16=True), rtol=2e-2)
 
 
