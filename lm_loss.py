@@ -28,6 +28,10 @@ def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softca
     return loss, grad
 
 
+# dynamic: each micro-batch's last chunk has a length of its own
+compiled_cross_entropy = torch.compile(softcapped_cross_entropy, dynamic=True)
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """Loss SUM of the LM head plus softcapped cross-entropy, chunk by chunk, with d loss / d hidden computed in
     the same pass: each chunk's (tokens x 262,144) FP32 logits exist once, briefly, and are neither stored nor
@@ -35,12 +39,12 @@ class LinearCrossEntropy(torch.autograd.Function):
     tied embeddings are): it gets no gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, softcap, chunk, cross_entropy):
+    def forward(ctx, hidden, weight, targets, softcap, chunk):
         grad = torch.empty_like(hidden)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for i in range(0, targets.numel(), chunk):
             logits = F.linear(hidden[i : i + chunk], weight)  # under autocast: the LM head's own BF16 matmul
-            part, logit_grad = cross_entropy(logits, targets[i : i + chunk], softcap)
+            part, logit_grad = compiled_cross_entropy(logits, targets[i : i + chunk], softcap)
             grad[i : i + chunk] = logit_grad.to(logits.dtype) @ weight
             loss = loss + part
         ctx.save_for_backward(grad)
@@ -49,7 +53,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None, None, None, None
+        return grad * grad_loss, None, None, None, None
 
 
 class CausalLMLoss(torch.nn.Module):
@@ -77,8 +81,6 @@ class CausalLMLoss(torch.nn.Module):
             and self.lm_head.bias is None
             and not self.lm_head.weight.requires_grad
         )
-        # dynamic: the last chunk of a micro-batch has a length of its own
-        self.cross_entropy = torch.compile(softcapped_cross_entropy, dynamic=True)
 
     def logits_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
@@ -106,8 +108,7 @@ class CausalLMLoss(torch.nn.Module):
         if self.fused and torch.is_grad_enabled():
             # No target (an assistant turn cut off by MAX_LEN) still gives a loss whose (zero) gradient reaches
             # every adapter, so backward runs and DDP's reducer gets the gradients it waits for.
-            weight = self.lm_head.weight
-            return LinearCrossEntropy.apply(hidden, weight, targets, self.softcap, chunk, self.cross_entropy), n_targets
+            return LinearCrossEntropy.apply(hidden, self.lm_head.weight, targets, self.softcap, chunk), n_targets
         # Eager, a trainable LM head, or evaluation: checkpointed chunks through the module (the same zero).
         loss = hidden.float().sum() * 0.0
         for i in range(0, targets.numel(), chunk):

@@ -112,7 +112,8 @@ def test_chunked_loss_equals_full_logits_loss(tokenizer, tiny_lora_model, compil
     torch.testing.assert_close(full / n_full, reference, rtol=1e-5, atol=0)
 
 
-def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny_lora_model):
+@pytest.mark.parametrize("compiled", [False, True], ids=["checkpointed-chunks", "fused-chunks"])
+def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny_lora_model, compiled):
     """An assistant turn cut off by MAX_LEN leaves a micro-batch with no target: backward must still run
     (zero gradients on every adapter), or that rank would crash while the others wait in the all-reduce."""
     ids = torch.tensor(
@@ -123,7 +124,8 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny
         ]
     )
     tiny_lora_model.zero_grad(set_to_none=True)
-    loss, n = CausalLMLoss(tiny_lora_model, 64)(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
+    module = CausalLMLoss(tiny_lora_model, 64, compiled=compiled)
+    loss, n = module(ids, torch.ones_like(ids), torch.full_like(ids, IGNORE_INDEX))
     loss.backward()
     assert n == 0 and loss.item() == 0.0
     grads = [p.grad for p in tiny_lora_model.parameters() if p.requires_grad]
