@@ -13,7 +13,8 @@ Units: GB = 1e9 bytes, GiB = 2**30 bytes. A card sold as "80 GB" holds 80 GiB; -
 
 The predicted peak is what torch.cuda.max_memory_allocated() reports after optimizer step 3 of
 train_ddp.py: frozen weights in their stored dtype; LoRA adapters, their gradients and AdamW moments
-in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path; SDPA attention;
+in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path, eager or compiled layer by layer
+(--compile-layers); SDPA attention;
 non-reentrant checkpointing of every Nth decoder layer (--ckpt-every N, 0: none), the checkpointed layers'
 inputs kept on the GPU or offloaded to pinned host memory (--ckpt-offload); train_ddp.py's full-vocabulary
 FP32 cross-entropy (over every position, or in checkpointed chunks of --ce-chunk-tokens); DDP with
@@ -266,8 +267,14 @@ def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> lis
                 has_kv_norms=p + "self_attn.k_proj" in mods,
                 inter=mods[p + "mlp.gate_proj"][0] / tp,
                 sliding=types[i] == "sliding_attention",
+                # (the tensor each adapter reads, its width): q/k/v read one input, gate/up another
                 lora_in=[
-                    mods[m][1] / (tp if m.endswith(("o_proj", "down_proj")) else 1) for m in lora if m.startswith(p)
+                    (
+                        SHARED_INPUT.get(m.rsplit(".", 1)[-1], m),
+                        mods[m][1] / (tp if m.endswith(("o_proj", "down_proj")) else 1),
+                    )
+                    for m in lora
+                    if m.startswith(p)
                 ],
                 lora_params=sum(v for m, v in lora.items() if m.startswith(p)) / tp,
             )
@@ -275,8 +282,22 @@ def _decoder_layers(shapes: dict, text_config: dict, lora: dict, tp: int) -> lis
     return layers
 
 
+# Adapters whose modules read the same input tensor (the others each read their own)
+SHARED_INPUT = dict.fromkeys(("q_proj", "k_proj", "v_proj"), "attention input") | dict.fromkeys(
+    ("gate_proj", "up_proj"), "MLP input"
+)
+
+
 def _layer_saved_per_token(
-    layer: dict, hidden: int, seq_len: int, mask: bool, lora_r: int, lora_dropout: float, full: bool, grouped_kv: bool
+    layer: dict,
+    hidden: int,
+    seq_len: int,
+    mask: bool,
+    lora_r: int,
+    lora_dropout: float,
+    full: bool,
+    grouped_kv: bool,
+    compiled: bool,
 ) -> dict:
     """Bytes per token one decoder layer keeps for backward under BF16 autocast (no checkpointing).
 
@@ -292,20 +313,26 @@ def _layer_saved_per_token(
     - PEFT casts each LoRA input to FP32, applies dropout (CUDA keeps a 1-byte mask), and autocast casts
       the result to BF16 for lora_A, which keeps it; lora_B keeps lora_A's r-wide BF16 output;
     - full fine-tuning also keeps every Linear input and, for the trainable norm scales, their FP32 outputs.
+    Compiled (COMPILE_LAYERS), inductor keeps each norm's BF16 input instead of its FP32 copy and recomputes gelu
+    from gate_proj's output: 250.5 KB per token against 334.1 eager in a 12B sliding layer, 254.2 against
+    343.8 in a global one (bench_results/issue24/saved_bytes.py), where this model says 255.5 and 265.1. Without
+    LoRA dropout it also keeps one copy of the input q/k/v (and gate/up) share.
     """
     h, q, kv, inter = hidden, layer["q"], layer["kv"], layer["inter"]
+    norm = 2 if compiled else 4
+    # without dropout, the compiled layer keeps one BF16 copy of an input that several adapters read
+    inputs = dict(layer["lora_in"]).items() if compiled and not lora_dropout else layer["lora_in"]
     repeat = layer["gqa"] and layer["kv_heads"] > 1 and (mask or layer["head_dim"] > 256) and not grouped_kv
     kv_norms = layer["has_kv_norms"]
     terms = {
-        "RMSNorm inputs (FP32)": 4 * 4 * h,
-        "q/k/v-norm inputs (FP32)": 4 * q + (8 * kv if kv_norms else 0),
+        "RMSNorm inputs (FP32; BF16 compiled)": 4 * norm * h,
+        "q/k/v-norm inputs (FP32; BF16 compiled)": norm * q + (2 * norm * kv if kv_norms else 0),
         "SDPA q, k, v, output (BF16)": 2 * q + 2 * 2 * (q if repeat else kv) + 2 * q,
         "SDPA logsumexp (FP32)": 4 * layer["heads"],
         "attention mask as BF16 bias": 2 * seq_len if mask else 0,
-        "MLP gelu in/out, up_proj out (BF16)": 3 * 2 * inter,
-        "LoRA inputs (dropout mask + BF16 copy)": sum(
-            ((1 if lora_dropout else 0) + 2) * i + 2 * lora_r for i in layer["lora_in"]
-        ),
+        "MLP gelu in/out, up_proj out (BF16; gelu in, up out compiled)": (2 if compiled else 3) * 2 * inter,
+        "LoRA inputs (dropout mask + BF16 copy)": sum(3 * width if lora_dropout else 2 * width for _, width in inputs)
+        + 2 * lora_r * len(layer["lora_in"]),
     }
     if full:
         terms["Linear inputs (BF16)"] = 2 * h + 2 * h + 2 * inter
@@ -329,10 +356,12 @@ def _activations(
     full: bool,
     train_embeddings: bool,
     attention: str,
+    compiled: bool,
 ) -> dict:
     """Activation memory of one micro-batch (bytes per GPU), term by term, before checkpointing decides
     which of the per-layer figures stay."""
     micro_batch, ce_chunk_tokens = layout.micro_batch, layout.ce_chunk_tokens
+    fused_loss = compiled and ce_chunk_tokens > 0 and not (full or train_embeddings)  # lm_loss.CausalLMLoss.fused
     tokens = micro_batch * seq_len
     ce_tokens = min(tokens, ce_chunk_tokens) if ce_chunk_tokens > 0 else tokens
     embed_name = next(n for n in param_shapes if n.endswith("embed_tokens.weight"))
@@ -360,6 +389,7 @@ def _activations(
             lora_dropout,
             full,
             grouped_kv=f and attention in ("ffpa", "flex"),
+            compiled=compiled,
         )
         for layer, m, f in zip(layers, masked, fast, strict=True)
     ]
@@ -381,7 +411,12 @@ def _activations(
         + (2 * hidden * tokens if ce_chunk_tokens > 0 or full or train_embeddings else 0),
         # Cross-entropy backward over the full vocabulary (lm_head -> .float() -> softcap -> cross_entropy):
         # tanh's FP32 output (softcapping), the FP32 log-softmax output, its gradient and its input's gradient.
-        "logits_ce": ce_tokens * vocab * ((4 if text_config.get("final_logit_softcapping") else 0) + 4 + 4 + 4),
+        # Compiled chunks with a frozen LM head (lm_loss.LinearCrossEntropy) take the gradient in the forward
+        # pass: the BF16 logits, FP32 softcapped logits and log-probabilities, the FP32 gradient (measured 14.0
+        # bytes per logit against 16.1 eager: bench_results/issue24/saved_bytes.py).
+        "logits_ce": ce_tokens
+        * vocab
+        * ((4 if text_config.get("final_logit_softcapping") else 0) + (2 + 4 + 4 if fused_loss else 4 + 4 + 4)),
         # One layer's backward in flight: hidden-state gradients in and out (BF16) and two FP32 gradients
         # as wide as the MLP (down_proj's LoRA input, before and after dropout).
         "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(layer["inter"] for layer in layers)),
@@ -424,8 +459,9 @@ def estimate(
     accum: int = 1,
     lora_dropout: float = 0.05,
     attention: str = "ffpa",
+    compiled: bool = False,
 ) -> dict:
-    """Per-GPU memory, all-reduce and batch figures for one layout. "peak_bytes" predicts
+    """Per-GPU memory, all-reduce and batch figures for one layout (compiled: COMPILE_LAYERS). "peak_bytes" predicts
     torch.cuda.max_memory_allocated() after optimizer step 3 (allocator margin excluded); "peak_breakdown"
     adds up to it.
 
@@ -479,10 +515,11 @@ def estimate(
         lora_dropout=lora_dropout,
         full=full,
         train_embeddings=train_embeddings,
+        compiled=compiled,
     )
     # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
     # inside a layer's backward (recomputed first when checkpointing). ckpt_every=n checkpoints the layers
-    # whose index is a multiple of n (transformers' every_n_layers): they keep only their BF16 input,
+    # whose index is a multiple of n (train_ddp.add_lora): they keep only their BF16 input,
     # in pinned host memory with offload.
     every = layout.ckpt_every
     boundary = 0 if layout.offload else activations["boundaries"] / len(activations["layers"])
@@ -530,6 +567,7 @@ def estimate(
             ckpt_every=layout.ckpt_every,
             ce_chunk_tokens=layout.ce_chunk_tokens,
             offload=layout.offload,
+            compiled=compiled,
             full=full,
             train_embeddings=train_embeddings,
             gpu_mem_gb=gpu_mem_gb,
@@ -639,6 +677,7 @@ def estimate_run(run, param_shapes: dict, text_config: dict, world_size: int, **
             "accum": run.ACCUM_STEPS,
             "lora_dropout": run.LORA_DROPOUT,
             "attention": attention_of(run),
+            "compiled": run.COMPILE_LAYERS,
             **kwargs,
         },
     )
@@ -670,6 +709,7 @@ def plan_run(run, world_size: int) -> tuple[dict, str]:
         targets=run.LORA_TARGETS,
         lora_dropout=run.LORA_DROPOUT,
         attention=attention_of(run),
+        compiled=run.COMPILE_LAYERS,
     )
     layout = plan["layout"]
     chosen = {
@@ -813,6 +853,9 @@ def parser() -> argparse.ArgumentParser:
         help="global layers' kernel (train_ddp.py's ATTENTION_KERNEL; sdpa without ffpa-attn installed); "
         "flex: PACKING=1, every layer on flex_attention",
     )
+    ap.add_argument(
+        "--compile-layers", action="store_true", help="each decoder layer compiled (train_ddp.py's COMPILE_LAYERS)"
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -860,6 +903,7 @@ def main(argv=None) -> int:
         accum=args.accum,
         lora_dropout=args.lora_dropout,
         attention=args.attention,
+        compiled=args.compile_layers,
     )
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0

@@ -387,7 +387,8 @@ def assert_same(a, b, rtol):
         {"CE_CHUNK_TOKENS": 64},
         {"PAD_TO_MULTIPLE": 64},
         {"GRADIENT_CHECKPOINTING": 1},
-        {"GRADIENT_CHECKPOINTING": 2},  # CHECKPOINT_OFFLOAD needs a GPU (pinned host memory): bench.py measures it
+        {"GRADIENT_CHECKPOINTING": 2},
+        {"GRADIENT_CHECKPOINTING": 1, "CHECKPOINT_OFFLOAD": True},  # save_on_cpu, unpinned on a CPU
     ],
     ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
 )
@@ -409,11 +410,25 @@ def test_bf16_chunked_loss_matches_the_full_logits_loss_under_autocast(tokenizer
 
 
 def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer):
-    assert_same(  # the compiled decoder layers and the compiled loss chunks
-        loss_and_grads(tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1, CE_CHUNK_TOKENS=64),
-        loss_and_grads(tokenizer),
-        rtol=1e-4,
+    """The compiled decoder layers, checkpointed and offloaded, and the compiled loss chunks. The checkpoint
+    wraps the compiled layer: inside it, the offload would break the layer out of its graph (run eagerly)."""
+    torch._dynamo.utils.counters.clear()
+    compiled = loss_and_grads(
+        tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1, CHECKPOINT_OFFLOAD=True, CE_CHUNK_TOKENS=64
     )
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert_same(compiled, loss_and_grads(tokenizer), rtol=1e-4)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_checkpointed_layers_recompute_the_same_dropout_masks(tokenizer, compiled):
+    """Backward runs a checkpointed layer again: its LoRA dropout must draw the masks of the first pass, or the
+    gradients belong to another forward."""
+    kept, recomputed = (
+        loss_and_grads(tokenizer, LORA_DROPOUT=0.3, COMPILE_LAYERS=compiled, GRADIENT_CHECKPOINTING=every)
+        for every in (0, 1)
+    )
+    assert_same(recomputed, kept, rtol=1e-5)
 
 
 def test_length_grouping_keeps_every_optimizer_steps_samples_and_cuts_padding(tokenizer):
