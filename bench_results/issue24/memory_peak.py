@@ -1,0 +1,80 @@
+"""What is allocated at train_ddp.py's peak: the real job (1 GPU, no torchrun) on the 12B architecture under
+torch.cuda.memory's allocation history, then every block live at the highest point, grouped by where it was
+allocated.
+
+    python3 bench_results/issue24/memory_peak.py [NAME=VALUE ...]     (e.g. MEMORY_TARGET_GIB=25 COMPILE_LAYERS=1)
+
+Runs MAX_STEPS=3 of 2,048-token synthetic rows (bench.py's), 8 samples per step. Prints the peak, the step
+phase around it, and the live GiB by allocation site (the innermost frames in this repository, transformers,
+peft or torch.nn / autograd), largest first.
+"""
+
+import collections
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import bench  # noqa: E402
+import train_ddp  # noqa: E402
+
+work = Path(tempfile.mkdtemp(prefix="memory-peak-"))
+bench.synthetic_conversations(work / "rows.jsonl", n=64, min_words=4096)
+os.environ.update(
+    MODEL_CONFIG=str(REPO / "configs" / "gemma-4-12b.json"),
+    MODEL_ID=str(REPO / "assets" / "tiny-gemma4"),
+    DATA_PATH=str(work / "rows.jsonl"),
+    OUTPUT_DIR=str(work / "out"),
+    MAX_LEN="2048",
+    ASSISTANT_ONLY_LOSS="0",
+    MAX_STEPS="3",
+    EPOCHS="1000",
+    MICRO_BATCH="1",
+    ACCUM_STEPS="8",
+    DRIFT_CHECK_EVERY="0",
+    RESUME="",
+    **dict(arg.split("=", 1) for arg in sys.argv[1:]),
+)
+torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+train_ddp.main()
+snapshot = torch.cuda.memory._snapshot()
+torch.cuda.memory._record_memory_history(enabled=None)
+
+events = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
+live, total, peak, peak_at = {}, 0, 0, 0
+for i, e in enumerate(events):
+    total += e["size"] if e["action"] == "alloc" else -e["size"]
+    if total > peak:
+        peak, peak_at = total, i
+live = {}
+for e in events[: peak_at + 1]:
+    if e["action"] == "alloc":
+        live[e["addr"]] = e
+    else:
+        live.pop(e["addr"], None)
+
+
+def site(frames: list) -> str:
+    """The innermost frames worth naming: this repository's, then transformers/peft/torch.nn/autograd."""
+    named = []
+    for f in frames:
+        name = f["filename"]
+        if str(REPO) in name or any(k in name for k in ("transformers/", "peft/", "torch/nn/", "torch/autograd/")):
+            named.append(f"{Path(name).name}:{f['line']} {f['name']}")
+        if len(named) == 3:
+            break
+    return " <- ".join(named) or "(no Python frame)"
+
+
+by_site = collections.Counter()
+for e in live.values():
+    by_site[site(e.get("frames", []))] += e["size"]
+print(f"\nsettings: {' '.join(sys.argv[1:])}")
+print(f"peak allocated {peak / 2**30:.3f} GiB at event {peak_at} of {len(events)}; {len(live)} live blocks")
+print("| GiB | allocated at |\n|---|---|")
+for where, size in by_site.most_common(25):
+    print(f"| {size / 2**30:.3f} | {where} |")
