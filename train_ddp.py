@@ -269,10 +269,22 @@ def add_lora(model, cfg: Config):
 def checkpointed(forward, offload: bool, *args, **kwargs):
     """A decoder layer under non-reentrant checkpointing (works with DDP, no_sync and frozen inputs): backward
     runs its forward again. Around the compiled layer, not inside it, so the recompute is compiled code too
-    and the offload of its input to pinned host memory (which torch.compile cannot trace) stays outside."""
-    offloaded = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) if offload else nullcontext()
-    with offloaded:
+    and the offload of its input to host memory (which torch.compile cannot trace) stays outside."""
+    with torch.autograd.graph.saved_tensors_hooks(to_host, from_host) if offload else nullcontext():
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def to_host(tensor: torch.Tensor) -> tuple:
+    """CHECKPOINT_OFFLOAD: what checkpointing keeps of a layer (its input) goes to pinned host memory."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+    return tensor.device, host.copy_(tensor.detach(), non_blocking=True), tensor.requires_grad
+
+
+def from_host(saved: tuple) -> torch.Tensor:
+    """Back for the recompute, with its requires_grad: an input that lost it would make the compiled layer
+    trace (and save for backward) another graph than in the forward pass (torch's save_on_cpu loses it)."""
+    device, host, requires_grad = saved
+    return host.to(device, non_blocking=True).requires_grad_(requires_grad)
 
 
 def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:

@@ -420,6 +420,16 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer):
     assert_same(compiled, loss_and_grads(tokenizer), rtol=1e-4)
 
 
+def test_an_offloaded_layer_input_comes_back_as_it_left():
+    """Its values, and its requires_grad: without it the compiled layer's recompute runs a graph that saves
+    other tensors than the forward's did (on the H200: CheckpointError, 75 saved against 74)."""
+    layer_input = torch.randn(2, 8, 16, requires_grad=True) * 1.0
+    back = T.from_host(T.to_host(layer_input))
+    assert back.requires_grad and torch.equal(back, layer_input)
+    assert back.untyped_storage().data_ptr() != layer_input.untyped_storage().data_ptr()  # a copy, not the tensor
+    assert not T.from_host(T.to_host(layer_input.detach())).requires_grad
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_checkpointed_layers_recompute_the_same_dropout_masks(tokenizer, compiled):
     """Backward runs a checkpointed layer again: its LoRA dropout must draw the masks of the first pass, or the
