@@ -519,7 +519,7 @@ def estimate(
     )
     # The peak comes at the start of backward through the cross-entropy or, with small (chunked) logits,
     # inside a layer's backward (recomputed first when checkpointing). ckpt_every=n checkpoints the layers
-    # whose index is a multiple of n (train_ddp.add_lora): they keep only their BF16 input,
+    # whose index is a multiple of n (transformers' every_n_layers): they keep only their BF16 input,
     # in pinned host memory with offload.
     every = layout.ckpt_every
     boundary = 0 if layout.offload else activations["boundaries"] / len(activations["layers"])

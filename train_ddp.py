@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import attention
@@ -246,6 +245,12 @@ def add_lora(model, cfg: Config):
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if not any(re.fullmatch(cfg.LORA_TARGETS, n) for n in linear):
         raise InputError(f"LORA_TARGETS {cfg.LORA_TARGETS!r} matches no Linear module (names look like {linear[:3]})")
+    if cfg.GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=cfg.GRADIENT_CHECKPOINTING,
+            offload=cfg.CHECKPOINT_OFFLOAD,
+        )
     lora = LoraConfig(
         r=cfg.LORA_R,
         lora_alpha=cfg.LORA_ALPHA,
@@ -258,33 +263,10 @@ def add_lora(model, cfg: Config):
         for module in peft_model.modules():
             if hasattr(module, "cast_input_dtype_enabled"):
                 module.cast_input_dtype_enabled = False
-    for i, layer in enumerate(peft_model.get_base_model().get_decoder().layers):  # after PEFT: adapters included
-        forward = torch.compile(layer.forward) if cfg.COMPILE_LAYERS else layer.forward
-        if cfg.GRADIENT_CHECKPOINTING and i % cfg.GRADIENT_CHECKPOINTING == 0:
-            forward = functools.partial(checkpointed, forward, cfg.CHECKPOINT_OFFLOAD)
-        layer.forward = forward
+    if cfg.COMPILE_LAYERS:  # after PEFT (the adapters are part of each layer), before DDP
+        for layer in peft_model.get_base_model().get_decoder().layers:
+            layer.compile()
     return peft_model
-
-
-def checkpointed(forward, offload: bool, *args, **kwargs):
-    """A decoder layer under non-reentrant checkpointing (works with DDP, no_sync and frozen inputs): backward
-    runs its forward again. Around the compiled layer, not inside it, so the recompute is compiled code too
-    and the offload of its input to host memory (which torch.compile cannot trace) stays outside."""
-    with torch.autograd.graph.saved_tensors_hooks(to_host, from_host) if offload else nullcontext():
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
-def to_host(tensor: torch.Tensor) -> tuple:
-    """CHECKPOINT_OFFLOAD: what checkpointing keeps of a layer (its input) goes to pinned host memory."""
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-    return tensor.device, host.copy_(tensor.detach(), non_blocking=True), tensor.requires_grad
-
-
-def from_host(saved: tuple) -> torch.Tensor:
-    """Back for the recompute, with its requires_grad: an input that lost it would make the compiled layer
-    trace (and save for backward) another graph than in the forward pass (torch's save_on_cpu loses it)."""
-    device, host, requires_grad = saved
-    return host.to(device, non_blocking=True).requires_grad_(requires_grad)
 
 
 def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:

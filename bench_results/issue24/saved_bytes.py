@@ -26,7 +26,7 @@ os.chdir(REPO)
 import train_ddp  # noqa: E402
 from lm_loss import CausalLMLoss, LinearCrossEntropy  # noqa: E402
 
-TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+TOKENS = int(sys.argv[1]) if __name__ == "__main__" and len(sys.argv) > 1 else 2048
 device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")  # CPU: a smoke test
 
 
@@ -116,17 +116,22 @@ def loss_peak(fused: bool, chunk: int) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-eager, _ = saved_per_layer(False)
-compiled, shapes = saved_per_layer(True)
-print(f"\nKB saved per token per layer, {TOKENS} tokens, micro-batch 1 (layer 5 is the global one)")
-print("| layer | eager | compiled | compiled / eager |\n|---|---|---|---|")
-for i in sorted(eager):
-    print(f"| {i} | {eager[i]:.1f} | {compiled.get(i, 0):.1f} | {compiled.get(i, 0) / eager[i]:.3f} |")
-print("\ncompiled layer 0 (sliding) saves:", shapes.get(0))
-print("compiled layer 5 (global) saves:", shapes.get(5))
-if device.type == "cpu":
-    sys.exit(0)
-print(f"\nloss over {TOKENS - 1} targets, vocab 262,144: extra peak allocated GiB (forward + backward)")
-print("| chunk | checkpointed chunks (eager) | LinearCrossEntropy (compiled) |\n|---|---|---|")
-for chunk in (256, 1024):
-    print(f"| {chunk} | {loss_peak(False, chunk):.3f} | {loss_peak(True, chunk):.3f} |")
+def main() -> None:
+    eager, _ = saved_per_layer(False)
+    compiled, shapes = saved_per_layer(True)
+    print(f"\nKB saved per token per layer, {TOKENS} tokens, micro-batch 1 (layer 5 is the global one)")
+    print("| layer | eager | compiled | compiled / eager |\n|---|---|---|---|")
+    for i in sorted(eager):
+        print(f"| {i} | {eager[i]:.1f} | {compiled.get(i, 0):.1f} | {compiled.get(i, 0) / eager[i]:.3f} |")
+    print("\ncompiled layer 0 (sliding) saves:", shapes.get(0))
+    print("compiled layer 5 (global) saves:", shapes.get(5))
+    if device.type == "cpu":
+        sys.exit(0)
+    print(f"\nloss over {TOKENS - 1} targets, vocab 262,144: extra peak allocated GiB (forward + backward)")
+    print("| chunk | checkpointed chunks (eager) | LinearCrossEntropy (compiled) |\n|---|---|---|")
+    for chunk in (256, 1024):
+        print(f"| {chunk} | {loss_peak(False, chunk):.3f} | {loss_peak(True, chunk):.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Why a compiled, checkpointed 12B layer saved 75 tensors in its forward and 74 in its recompute on the H200
+(calls 5 and 6: torch.utils.checkpoint.CheckpointError) where the CPU tests passed. The variant under test is
+commit 8c2d626's train_ddp.add_lora (reverted since): non-reentrant checkpointing AROUND each compiled decoder
+layer, the layer input offloaded by hooks that keep its requires_grad. One forward and backward of the 12B cut to
+6 layers (5 sliding, 1 global) under checkpoint debug mode per setting; prints each outcome and the head and tail
+of the error (the ops each pass saved).
+
+    python3 bench_results/issue24/checkpoint_debug.py
+"""
+
+import functools
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from saved_bytes import cut_config
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import train_ddp  # noqa: E402
+from lm_loss import CausalLMLoss  # noqa: E402
+
+
+def to_host(tensor):
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return tensor.device, host.copy_(tensor.detach(), non_blocking=True), tensor.requires_grad
+
+
+def from_host(saved):
+    device, host, requires_grad = saved
+    return host.to(device, non_blocking=True).requires_grad_(requires_grad)
+
+
+def checkpointed(forward, offload, *args, **kwargs):
+    with torch.autograd.graph.saved_tensors_hooks(to_host, from_host) if offload else nullcontext():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+device = torch.device("cuda", 0)
+for compiled, offload, kernel in ((False, True, "ffpa"), (True, True, "ffpa"), (True, False, "sdpa")):
+    torch._dynamo.reset()
+    cfg = train_ddp.Config(MODEL_CONFIG=cut_config(6), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
+    model = train_ddp.add_lora(train_ddp.load_model(cfg, device), cfg)
+    for layer in model.get_base_model().get_decoder().layers:
+        forward = torch.compile(layer.forward) if compiled else layer.forward
+        layer.forward = functools.partial(checkpointed, forward, offload)
+    loss_module = CausalLMLoss(model, 256, compiled=True)
+    ids = torch.randint(10, 1000, (1, 2048), device=device)
+    what = f"compiled={compiled} offload={offload} kernel={kernel}"
+    try:
+        with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):
+            for _ in range(2):
+                with train_ddp.autocast(device):
+                    loss, _ = loss_module(ids, torch.ones_like(ids), ids, right_padded=True)
+                loss.backward()
+        print(f"== {what}: ok", flush=True)
+    except Exception as e:
+        text = str(e)
+        print(f"== {what}: {type(e).__name__}\n{text[:5000]}\n...\n{text[-2500:]}", flush=True)
+    del model, loss_module
+    torch.cuda.empty_cache()
