@@ -5,7 +5,7 @@ layer, the layer input offloaded by hooks that keep its requires_grad. One forwa
 6 layers (5 sliding, 1 global) under checkpoint debug mode per setting; prints each outcome and the head and tail
 of the error (the ops each pass saved).
 
-    python3 bench_results/issue24/checkpoint_debug.py
+    python3 bench_results/issue24/checkpoint_debug.py [LAYERS]     (default 6; 48 is the whole 12B)
 """
 
 import functools
@@ -38,16 +38,17 @@ def checkpointed(forward, offload, *args, **kwargs):
 
 
 device = torch.device("cuda", 0)
+layers = int(sys.argv[1]) if len(sys.argv) > 1 else 6
 for compiled, offload, kernel in ((False, True, "ffpa"), (True, True, "ffpa"), (True, False, "sdpa")):
     torch._dynamo.reset()
-    cfg = train_ddp.Config(MODEL_CONFIG=cut_config(6), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
+    cfg = train_ddp.Config(MODEL_CONFIG=cut_config(layers), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
     model = train_ddp.add_lora(train_ddp.load_model(cfg, device), cfg)
     for layer in model.get_base_model().get_decoder().layers:
         forward = torch.compile(layer.forward) if compiled else layer.forward
         layer.forward = functools.partial(checkpointed, forward, offload)
     loss_module = CausalLMLoss(model, 256, compiled=True)
     ids = torch.randint(10, 1000, (1, 2048), device=device)
-    what = f"compiled={compiled} offload={offload} kernel={kernel}"
+    what = f"{layers} layers, compiled={compiled} offload={offload} kernel={kernel}"
     try:
         with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):
             for _ in range(2):
