@@ -8,6 +8,7 @@ of the error (the ops each pass saved).
     python3 bench_results/issue24/checkpoint_debug.py [LAYERS]     (default 6; 48 is the whole 12B)
 """
 
+import dataclasses
 import functools
 import sys
 from contextlib import nullcontext
@@ -37,27 +38,43 @@ def checkpointed(forward, offload, *args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-device = torch.device("cuda", 0)
-layers = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-for compiled, offload, kernel in ((False, True, "ffpa"), (True, True, "ffpa"), (True, False, "sdpa")):
-    torch._dynamo.reset()
-    cfg = train_ddp.Config(MODEL_CONFIG=cut_config(layers), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
-    model = train_ddp.add_lora(train_ddp.load_model(cfg, device), cfg)
-    for layer in model.get_base_model().get_decoder().layers:
-        forward = torch.compile(layer.forward) if compiled else layer.forward
-        layer.forward = functools.partial(checkpointed, forward, offload)
-    loss_module = CausalLMLoss(model, 256, compiled=True)
-    ids = torch.randint(10, 1000, (1, 2048), device=device)
-    what = f"{layers} layers, compiled={compiled} offload={offload} kernel={kernel}"
-    try:
-        with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):
-            for _ in range(2):
-                with train_ddp.autocast(device):
-                    loss, _ = loss_module(ids, torch.ones_like(ids), ids, right_padded=True)
-                loss.backward()
-        print(f"== {what}: ok", flush=True)
-    except Exception as e:
-        text = str(e)
-        print(f"== {what}: {type(e).__name__}\n{text[:5000]}\n...\n{text[-2500:]}", flush=True)
-    del model, loss_module
-    torch.cuda.empty_cache()
+def around_compiled_layers(model, cfg) -> None:
+    """The variant: each decoder layer compiled (COMPILE_LAYERS), then checkpointed around (every
+    GRADIENT_CHECKPOINTING-th), its input offloaded with CHECKPOINT_OFFLOAD."""
+    for i, layer in enumerate(model.get_base_model().get_decoder().layers):
+        forward = torch.compile(layer.forward) if cfg.COMPILE_LAYERS else layer.forward
+        if cfg.GRADIENT_CHECKPOINTING and i % cfg.GRADIENT_CHECKPOINTING == 0:
+            forward = functools.partial(checkpointed, forward, cfg.CHECKPOINT_OFFLOAD)
+        layer.forward = forward
+
+
+def main() -> None:
+    device = torch.device("cuda", 0)
+    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    for compiled, offload, kernel in ((False, True, "ffpa"), (True, True, "ffpa"), (True, False, "sdpa")):
+        torch._dynamo.reset()
+        cfg = train_ddp.Config(MODEL_CONFIG=cut_config(layers), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
+        model = train_ddp.add_lora(train_ddp.load_model(cfg, device), cfg)
+        around_compiled_layers(
+            model,
+            dataclasses.replace(cfg, COMPILE_LAYERS=compiled, GRADIENT_CHECKPOINTING=1, CHECKPOINT_OFFLOAD=offload),
+        )
+        loss_module = CausalLMLoss(model, 256, compiled=True)
+        ids = torch.randint(10, 1000, (1, 2048), device=device)
+        what = f"{layers} layers, compiled={compiled} offload={offload} kernel={kernel}"
+        try:
+            with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):
+                for _ in range(2):
+                    with train_ddp.autocast(device):
+                        loss, _ = loss_module(ids, torch.ones_like(ids), ids, right_padded=True)
+                    loss.backward()
+            print(f"== {what}: ok", flush=True)
+        except Exception as e:
+            text = str(e)
+            print(f"== {what}: {type(e).__name__}\n{text[:5000]}\n...\n{text[-2500:]}", flush=True)
+        del model, loss_module
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
