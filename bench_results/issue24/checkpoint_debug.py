@@ -5,7 +5,8 @@ layer, the layer input offloaded by hooks that keep its requires_grad. One forwa
 6 layers (5 sliding, 1 global) under checkpoint debug mode per setting; prints each outcome and the head and tail
 of the error (the ops each pass saved).
 
-    python3 bench_results/issue24/checkpoint_debug.py [LAYERS]     (default 6; 48 is the whole 12B)
+    python3 bench_results/issue24/checkpoint_debug.py [LAYERS] [plain]   (default 6 layers; 48: the whole 12B;
+                                                                           plain: without checkpoint debug mode)
 """
 
 import dataclasses
@@ -50,7 +51,7 @@ def around_compiled_layers(model, cfg) -> None:
 
 def main() -> None:
     device = torch.device("cuda", 0)
-    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 6  # plain: is checkpoint debug mode what hides the error?
     for compiled, offload, kernel in ((False, True, "ffpa"), (True, True, "ffpa"), (True, False, "sdpa")):
         torch._dynamo.reset()
         cfg = train_ddp.Config(MODEL_CONFIG=cut_config(layers), GRADIENT_CHECKPOINTING=0, ATTENTION_KERNEL=kernel)
@@ -63,7 +64,7 @@ def main() -> None:
         ids = torch.randint(10, 1000, (1, 2048), device=device)
         what = f"{layers} layers, compiled={compiled} offload={offload} kernel={kernel}"
         try:
-            with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):
+            with torch.utils.checkpoint.set_checkpoint_debug_enabled("plain" not in sys.argv):
                 for _ in range(2):
                     with train_ddp.autocast(device):
                         loss, _ = loss_module(ids, torch.ones_like(ids), ids, right_padded=True)
