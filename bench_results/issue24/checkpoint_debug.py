@@ -11,6 +11,7 @@ of the error (the ops each pass saved).
 
 import dataclasses
 import functools
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,11 +40,19 @@ def checkpointed(forward, offload, *args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+SHARING_LAYERS_EAGER = os.environ.get("SHARING_LAYERS_EAGER", "1") == "1"
+
+
 def around_compiled_layers(model, cfg) -> None:
     """The variant: each decoder layer compiled (COMPILE_LAYERS), then checkpointed around (every
-    GRADIENT_CHECKPOINTING-th), its input offloaded with CHECKPOINT_OFFLOAD."""
+    GRADIENT_CHECKPOINTING-th), its input offloaded with CHECKPOINT_OFFLOAD. With SHARING_LAYERS_EAGER, the
+    layers that write or read shared_kv_states (the last of each type writes, even in the 12B) stay eager: the
+    dict is empty or half full in the forward and full in the recompute, each a guard of its own, and with
+    the padded widths the 8 recompiles torch allows per code object run out (then layers run eagerly)."""
     for i, layer in enumerate(model.get_base_model().get_decoder().layers):
-        forward = torch.compile(layer.forward) if cfg.COMPILE_LAYERS else layer.forward
+        attention = layer.self_attn
+        sharing = SHARING_LAYERS_EAGER and (attention.store_full_length_kv or attention.is_kv_shared_layer)
+        forward = torch.compile(layer.forward) if cfg.COMPILE_LAYERS and not sharing else layer.forward
         if cfg.GRADIENT_CHECKPOINTING and i % cfg.GRADIENT_CHECKPOINTING == 0:
             forward = functools.partial(checkpointed, forward, cfg.CHECKPOINT_OFFLOAD)
         layer.forward = forward
