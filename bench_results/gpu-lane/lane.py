@@ -4,6 +4,7 @@ LAST.txt (commit, command, counts, wall time) and the per-test table written to 
     python3 bench_results/gpu-lane/lane.py OUTDIR COMMIT [TIMEOUT_S]
 """
 
+import os
 import subprocess
 import sys
 import time
@@ -12,12 +13,14 @@ from pathlib import Path
 
 out, commit = Path(sys.argv[1]), sys.argv[2]
 limit = float(sys.argv[3]) if len(sys.argv) > 3 else 540
-cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-n", "2", "-p", "no:cacheprovider", "-q", "-rA"]
+# -v: each test's outcome on its own line as it ends; unbuffered: a lane killed at its limit still shows them
+cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-n", "2", "-p", "no:cacheprovider", "-v", "-rA"]
 cmd += ["--durations=0", f"--junitxml={out / 'gpu_lane.xml'}"]
 start = time.monotonic()
 with open(out / "gpu_lane.log", "w") as log:
     try:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=env).returncode
     except subprocess.TimeoutExpired:
         rc = f"killed after {limit:.0f} s"
 wall = time.monotonic() - start
