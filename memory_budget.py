@@ -760,7 +760,8 @@ def format_report(result: dict) -> str:
             f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)"
         )
     out.append(
-        f"\nPer GPU: {mode}, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, "
+        f"\nPer GPU: {mode}{', layers compiled' if s['compiled'] else ''}, micro-batch {s['micro_batch']} x "
+        f"{s['seq_len']} tokens, "
         f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
         + (f"loss in chunks of {s['ce_chunk_tokens']} tokens" if s["ce_chunk_tokens"] else "loss over all logits")
         + f", TP {s['tp']}, DP {s['dp']}"

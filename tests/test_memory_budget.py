@@ -470,7 +470,7 @@ def test_planner_choices_span_the_layouts(shapes_12b):
         mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), 20, seq_len=2048, samples_per_step=8)
 
 
-def test_compiled_layers_let_the_planner_take_a_larger_micro_batch(shapes_12b):
+def test_compiled_layers_let_the_planner_take_a_larger_micro_batch(capsys, shapes_12b):
     """Compiled layers keep less (123.4 GiB measured at micro-batch 4 on the H200, 123.3 predicted compiled,
     152.5 eager): for MEMORY_TARGET_GIB=130, COMPILE_LAYERS=1 plans micro-batch 4 where eager plans 2."""
     import train_ddp as T
@@ -478,6 +478,17 @@ def test_compiled_layers_let_the_planner_take_a_larger_micro_batch(shapes_12b):
     run = T.Config(MODEL_CONFIG=str(CONFIG_12B), MEMORY_TARGET_GIB=130, ATTENTION_KERNEL="ffpa", MICRO_BATCH=1)
     eager, compiled = (mb.plan_run(dataclasses.replace(run, COMPILE_LAYERS=c), 1)[0] for c in (False, True))
     assert (eager["MICRO_BATCH"], compiled["MICRO_BATCH"]) == (2, 4) and compiled["ACCUM_STEPS"] == 2
+    layout = ["--micro-batch", "4", "--accum", "2", "--ckpt-every", "0", "--ce-chunk-tokens", "1024"]
+    mb.main([str(CONFIG_12B), *layout, "--compile-layers"])  # the command line says the same
+    assert "layers compiled" in capsys.readouterr().out
+    assert mb.main([str(CONFIG_12B), *layout, "--compile-layers", "--json"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["peak_bytes"]
+        <= 127 * GiB
+        < mb.estimate(shapes_12b, mb.load_config(CONFIG_12B), mb.Layout(4, 0, False, 1024), seq_len=2048, accum=2)[
+            "peak_bytes"
+        ]
+    )
 
 
 def test_cli_rejects_an_impossible_layout(capsys):
