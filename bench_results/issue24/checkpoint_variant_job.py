@@ -6,37 +6,18 @@ train_ddp.add_lora's compiling and checkpointing: frugal compiled on the 12B (ME
 """
 
 import dataclasses
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from checkpoint_debug import around_compiled_layers
+from memory_peak import job_environment
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-import bench  # noqa: E402
 import train_ddp  # noqa: E402
 
-work = Path(tempfile.mkdtemp(prefix="variant-"))
-bench.synthetic_conversations(work / "rows.jsonl", n=96, min_words=4096)
-os.environ.update(
-    MODEL_CONFIG=str(REPO / "configs" / "gemma-4-12b.json"),
-    MODEL_ID=str(REPO / "assets" / "tiny-gemma4"),
-    DATA_PATH=str(work / "rows.jsonl"),
-    OUTPUT_DIR=str(work / "out"),
-    MAX_LEN="2048",
-    ASSISTANT_ONLY_LOSS="0",
-    MAX_STEPS="5",
-    EPOCHS="1000",
-    MICRO_BATCH="1",
-    ACCUM_STEPS="8",
-    DRIFT_CHECK_EVERY="0",
-    RESUME="",
-    MEMORY_TARGET_GIB="25",
-    COMPILE_LAYERS="1",
-)
+job_environment(MEMORY_TARGET_GIB="25", COMPILE_LAYERS="1", MAX_STEPS="5")
 original = train_ddp.add_lora
 
 

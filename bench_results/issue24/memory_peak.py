@@ -22,40 +22,56 @@ sys.path.insert(0, str(REPO))
 import bench  # noqa: E402
 import train_ddp  # noqa: E402
 
-work = Path(tempfile.mkdtemp(prefix="memory-peak-"))
-bench.synthetic_conversations(work / "rows.jsonl", n=64, min_words=4096)
-os.environ.update(
-    MODEL_CONFIG=str(REPO / "configs" / "gemma-4-12b.json"),
-    MODEL_ID=str(REPO / "assets" / "tiny-gemma4"),
-    DATA_PATH=str(work / "rows.jsonl"),
-    OUTPUT_DIR=str(work / "out"),
-    MAX_LEN="2048",
-    ASSISTANT_ONLY_LOSS="0",
-    MAX_STEPS="3",
-    EPOCHS="1000",
-    MICRO_BATCH="1",
-    ACCUM_STEPS="8",
-    DRIFT_CHECK_EVERY="0",
-    RESUME="",
-    **dict(arg.split("=", 1) for arg in sys.argv[1:]),
-)
-torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-train_ddp.main()
-snapshot = torch.cuda.memory._snapshot()
-torch.cuda.memory._record_memory_history(enabled=None)
 
-events = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
-live, total, peak, peak_at = {}, 0, 0, 0
-for i, e in enumerate(events):
-    total += e["size"] if e["action"] == "alloc" else -e["size"]
-    if total > peak:
-        peak, peak_at = total, i
-live = {}
-for e in events[: peak_at + 1]:
-    if e["action"] == "alloc":
-        live[e["addr"]] = e
-    else:
-        live.pop(e["addr"], None)
+def job_environment(**overrides: str) -> None:
+    """train_ddp.py's constants for one 1-GPU job on the 12B architecture: bench.py's 2,048-token synthetic
+    rows, 8 samples per step, MAX_STEPS=3, in a temporary OUTPUT_DIR; `overrides` last."""
+    work = Path(tempfile.mkdtemp(prefix="issue24-job-"))
+    bench.synthetic_conversations(work / "rows.jsonl", n=96, min_words=4096)
+    os.environ.update(
+        MODEL_CONFIG=str(REPO / "configs" / "gemma-4-12b.json"),
+        MODEL_ID=str(REPO / "assets" / "tiny-gemma4"),
+        DATA_PATH=str(work / "rows.jsonl"),
+        OUTPUT_DIR=str(work / "out"),
+        MAX_LEN="2048",
+        ASSISTANT_ONLY_LOSS="0",
+        MAX_STEPS="3",
+        EPOCHS="1000",
+        MICRO_BATCH="1",
+        ACCUM_STEPS="8",
+        DRIFT_CHECK_EVERY="0",
+        RESUME="",
+        **overrides,
+    )
+
+
+def main() -> None:
+    job_environment(**dict(arg.split("=", 1) for arg in sys.argv[1:]))
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    train_ddp.main()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    events = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
+    total, peak, peak_at = 0, 0, 0
+    for i, e in enumerate(events):
+        total += e["size"] if e["action"] == "alloc" else -e["size"]
+        if total > peak:
+            peak, peak_at = total, i
+    live = {}
+    for e in events[: peak_at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        else:
+            live.pop(e["addr"], None)
+    by_site = collections.Counter()
+    for e in live.values():
+        by_site[site(e.get("frames", []))] += e["size"]
+    print(f"\nsettings: {' '.join(sys.argv[1:])}")
+    print(f"peak allocated {peak / 2**30:.3f} GiB at event {peak_at} of {len(events)}; {len(live)} live blocks")
+    print("| GiB | allocated at |\n|---|---|")
+    for where, size in by_site.most_common(25):
+        print(f"| {size / 2**30:.3f} | {where} |")
 
 
 def site(frames: list) -> str:
@@ -70,11 +86,5 @@ def site(frames: list) -> str:
     return " <- ".join(named) or "(no Python frame)"
 
 
-by_site = collections.Counter()
-for e in live.values():
-    by_site[site(e.get("frames", []))] += e["size"]
-print(f"\nsettings: {' '.join(sys.argv[1:])}")
-print(f"peak allocated {peak / 2**30:.3f} GiB at event {peak_at} of {len(events)}; {len(live)} live blocks")
-print("| GiB | allocated at |\n|---|---|")
-for where, size in by_site.most_common(25):
-    print(f"| {size / 2**30:.3f} | {where} |")
+if __name__ == "__main__":
+    main()
