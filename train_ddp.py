@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import attention
@@ -245,12 +246,6 @@ def add_lora(model, cfg: Config):
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if not any(re.fullmatch(cfg.LORA_TARGETS, n) for n in linear):
         raise InputError(f"LORA_TARGETS {cfg.LORA_TARGETS!r} matches no Linear module (names look like {linear[:3]})")
-    if cfg.GRADIENT_CHECKPOINTING:  # non-reentrant: works with DDP, no_sync and frozen inputs
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False},
-            every_n_layers=cfg.GRADIENT_CHECKPOINTING,
-            offload=cfg.CHECKPOINT_OFFLOAD,
-        )
     lora = LoraConfig(
         r=cfg.LORA_R,
         lora_alpha=cfg.LORA_ALPHA,
@@ -263,10 +258,48 @@ def add_lora(model, cfg: Config):
         for module in peft_model.modules():
             if hasattr(module, "cast_input_dtype_enabled"):
                 module.cast_input_dtype_enabled = False
-    if cfg.COMPILE_LAYERS:  # after PEFT (the adapters are part of each layer), before DDP
-        for layer in peft_model.get_base_model().get_decoder().layers:
-            layer.compile()
+    compile_and_checkpoint(peft_model.get_base_model().get_decoder().layers, cfg)  # after PEFT: adapters included
     return peft_model
+
+
+def compile_and_checkpoint(layers, cfg: Config) -> None:
+    """COMPILE_LAYERS: each decoder layer compiled on its own (fuses norms, rotary, gelu). GRADIENT_CHECKPOINTING:
+    every Nth layer checkpointed around its compiled forward (checkpointed), so its recompute must trace what
+    the forward traced. Hence, for checkpointed layers: the layers that write or read shared_kv_states (the last
+    of each type writes, even without KV sharing) stay eager, as the dict differs between forward and recompute
+    and each difference is a recompile (past torch's 8 per code object, layers run eagerly); and dynamo's DDP
+    graph splitting is off, as it splits only what compiles inside DDP's forward."""
+    if cfg.COMPILE_LAYERS and cfg.GRADIENT_CHECKPOINTING:
+        torch._dynamo.config.optimize_ddp = False
+    for i, layer in enumerate(layers):
+        checkpointed_layer = cfg.GRADIENT_CHECKPOINTING and i % cfg.GRADIENT_CHECKPOINTING == 0
+        shares_kv = layer.self_attn.store_full_length_kv or layer.self_attn.is_kv_shared_layer
+        compiled = cfg.COMPILE_LAYERS and not (checkpointed_layer and shares_kv)
+        forward = torch.compile(layer.forward) if compiled else layer.forward
+        layer.forward = (
+            functools.partial(checkpointed, forward, cfg.CHECKPOINT_OFFLOAD) if checkpointed_layer else forward
+        )
+
+
+def checkpointed(forward, offload: bool, *args, **kwargs):
+    """A decoder layer under non-reentrant checkpointing (works with DDP, no_sync and frozen inputs): backward
+    runs its forward again. Around the compiled layer, not inside it, so the recompute is compiled code too
+    and the offload of its input to host memory (which torch.compile cannot trace) stays outside."""
+    with torch.autograd.graph.saved_tensors_hooks(to_host, from_host) if offload else nullcontext():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def to_host(tensor: torch.Tensor) -> tuple:
+    """CHECKPOINT_OFFLOAD: what checkpointing keeps of a layer (its input) goes to pinned host memory."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+    return tensor.device, host.copy_(tensor.detach(), non_blocking=True), tensor.requires_grad
+
+
+def from_host(saved: tuple) -> torch.Tensor:
+    """Back for the recompute, with its requires_grad: an input that lost it would make the compiled layer
+    trace (and save for backward) another graph than in the forward pass (torch's save_on_cpu loses it)."""
+    device, host, requires_grad = saved
+    return host.to(device, non_blocking=True).requires_grad_(requires_grad)
 
 
 def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:

@@ -13,6 +13,7 @@ from conftest import (
     RANKS,
     ROOT,
     SAMPLE_DATA,
+    TINY_MODEL,
     cpu_config,
     free_port,
     kill_tree,
@@ -387,7 +388,8 @@ def assert_same(a, b, rtol):
         {"CE_CHUNK_TOKENS": 64},
         {"PAD_TO_MULTIPLE": 64},
         {"GRADIENT_CHECKPOINTING": 1},
-        {"GRADIENT_CHECKPOINTING": 2},  # CHECKPOINT_OFFLOAD needs a GPU (pinned host memory): bench.py measures it
+        {"GRADIENT_CHECKPOINTING": 2},
+        {"GRADIENT_CHECKPOINTING": 1, "CHECKPOINT_OFFLOAD": True},  # host memory, unpinned on a CPU
     ],
     ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
 )
@@ -409,11 +411,45 @@ def test_bf16_chunked_loss_matches_the_full_logits_loss_under_autocast(tokenizer
 
 
 def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer):
-    assert_same(  # the compiled decoder layers and the compiled loss chunks
-        loss_and_grads(tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1, CE_CHUNK_TOKENS=64),
-        loss_and_grads(tokenizer),
-        rtol=1e-4,
+    """The compiled decoder layers, checkpointed and offloaded, and the compiled loss chunks. The checkpoint
+    wraps the compiled layer: inside it, the offload would break the layer out of its graph (run eagerly)."""
+    torch._dynamo.utils.counters.clear()
+    compiled = loss_and_grads(
+        tokenizer, COMPILE_LAYERS=True, GRADIENT_CHECKPOINTING=1, CHECKPOINT_OFFLOAD=True, CE_CHUNK_TOKENS=64
     )
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert_same(compiled, loss_and_grads(tokenizer), rtol=1e-4)
+
+
+def test_an_offloaded_layer_input_comes_back_as_it_left():
+    """Its values, and its requires_grad: without it the compiled layer's recompute traces another graph than
+    its forward did, which saves other tensors."""
+    layer_input = torch.randn(2, 8, 16, requires_grad=True) * 1.0
+    back = T.from_host(T.to_host(layer_input))
+    assert back.requires_grad and torch.equal(back, layer_input)
+    assert back.untyped_storage().data_ptr() != layer_input.untyped_storage().data_ptr()  # a copy, not the tensor
+    assert not T.from_host(T.to_host(layer_input.detach())).requires_grad
+
+
+def test_checkpointed_compiled_layers_stay_within_the_recompile_limit(tokenizer, tmp_path):
+    """12 layers (2 global), forward and recompute, at two padded widths: within torch's 8 compiles per code
+    object, because the layers that write shared_kv_states (its contents differ in the recompute) run eagerly.
+    Past the limit layers silently run eagerly, and a recompute may save other tensors than its forward did."""
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    text = config["text_config"]
+    text["num_hidden_layers"], text["layer_types"] = 12, text["layer_types"] * 2
+    text["per_layer_config"] = {**text["per_layer_config"], "11": text["per_layer_config"]["5"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for width in (1, 64):
+            loss_and_grads(
+                tokenizer,
+                MODEL_CONFIG=str(tmp_path / "config.json"),
+                COMPILE_LAYERS=True,
+                GRADIENT_CHECKPOINTING=1,
+                PAD_TO_MULTIPLE=width,
+            )
 
 
 def test_checkpointed_layers_recompute_the_same_dropout_masks(tokenizer):
