@@ -3,12 +3,14 @@
 - say(): the one rank-0 print (through tqdm, so the progress bar stays intact).
 - StepLog: each step's loss, throughput and memory; the memory model checked once against the real peak.
 - profiled(): torch.profiler around one step.
+- seconds_since_launch(): the process's age, for the run's wall time in its last line.
 """
 
 import functools
 import json
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +29,20 @@ def say(msg: str) -> None:
 
         tqdm.write(msg, file=sys.stdout)
         sys.stdout.flush()
+
+
+def seconds_since_launch() -> float:
+    """Wall seconds since this process started (Linux's /proc: Python's and torch's imports included), the
+    reference time_budget.py's whole-run prediction is checked against; elsewhere, since this module's import."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start, in ticks since boot
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
 
 
 def where_everything_is(output_dir: str, adapter: Path, model_id: str) -> str:

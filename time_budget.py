@@ -9,14 +9,21 @@ ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
             of real rows at the short, typical and long quantiles of that length distribution (warm-up
             steps first), the peak memory of each; one checkpoint save. With PACKING=1: the trainer's packed
             rows (all MAX_LEN wide), one micro-batch of a typical one measured; the report says which mode.
+            For the whole run: the imports, tokenizing, loading the model and adding the adapters; each
+            length's first step (compile, allocator growth, kernel planning); with EVAL_PATH, a forward pass
+            of the eval rows at their quantile lengths; saving the adapter.
   modelled  the time of every other micro-batch length (linear between the measured lengths, where attention
             makes it convex, so it errs slightly high; below the shortest, that one's time); the epoch as
             the trainer cuts it (DistributedSampler + length grouping), every rank's own micro-batches, a step
             taking its slowest rank's time; the gradient all-reduce from memory_budget.py at --bus-bw-gbps,
             of which DDP hides what the slowest rank's last backward (2/3 of its micro-batch) covers; the
-            checkpoints the trainer writes (SAVE_EVERY, epoch ends).
-  not modelled: the first step (allocator growth, kernel planning for each new length), evaluation
-            (EVAL_PATH), the drift check, waiting for data, saving to slow shared storage.
+            checkpoints the trainer writes (SAVE_EVERY, epoch ends). The whole run, launch to adapter (the
+            job's last line says its own): start (imports, tokenizing all rows, loading), the first micro-batch
+            with the first step's extra time, each further padded width a rank meets in epoch 1 with the
+            median extra of a new width's first step, training, every evaluation (EVAL_EVERY and the end:
+            each rank's shard of the eval file, the slowest rank), the adapter save.
+  not modelled: the drift check, waiting for data, saving to slow shared storage, several ranks loading from
+            one disk at once, new widths after epoch 1 (with --warmup 0 the extra of first steps is not seen).
 Configurations the data fill no optimizer step of are named and skipped before anything is measured.
 On the CPU this runs whatever model MODEL_ID names (the tiny default) on one thread, as torchrun gives each
 rank (unless OMP_NUM_THREADS says otherwise): its times do not transfer to GPUs.
@@ -39,6 +46,13 @@ BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward FLOPs: the part of the last micr
 def quantile(sorted_values: list[int], q: float) -> int:
     """The nearest-rank quantile of a sorted list."""
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def at_quantiles(rows: list[dict]) -> dict:
+    """{quantile name: the row at that quantile of the rows' token lengths}."""
+    by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
+    lengths = [len(r["input_ids"]) for r in by_length]
+    return {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
 
 
 def padded(length: int, multiple: int) -> int:
@@ -112,6 +126,7 @@ def predict(
         "gpus_per_node": gpus_per_node,
         "nodes": nodes,
         "steps_per_epoch": steps,
+        "total_steps": round(epochs * steps),
         "epoch_s": epoch_s,
         "step_s": train_s / steps,  # as the trainer's step_time_s: no checkpoint
         "straggler_s": max(
@@ -123,9 +138,48 @@ def predict(
     }
 
 
-def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int) -> dict:
-    """Seconds per micro-batch at each quantile row's length, the optimizer step, one save; peak GiB per length.
-    `run`: train_ddp's settings, planned (train_ddp.plan)."""
+def launch_to_adapter(
+    measured: dict, prediction: dict, tokens: list[int], group_keys: list[int], eval_tokens: list[int], run
+) -> dict:
+    """The whole run's wall time for `prediction`'s configuration, in parts: start (imports, tokenizing,
+    loading), first steps (train_ddp.settle_buckets' micro-batch of the first rows with the first step's extra,
+    then each further padded width a rank meets in epoch 1), training (predict's total_s), evaluation, the
+    adapter save. tokens, group_keys: as for predict(); eval_tokens: every row's token count in EVAL_PATH."""
+    ranks = prediction["gpus_per_node"] * prediction["nodes"]
+    extra = {  # a length's first step beyond its steady step; lengths in the order measured
+        n: max(0.0, measured["first_step_s"][n] - run.ACCUM_STEPS * s) for n, s in measured["micro_batch_s"].items()
+    }
+    first, *others = extra  # the first carries the compile and the allocator's growth
+    new_width_s = sorted(extra[n] for n in others)[len(others) // 2] if others else 0.0
+    settle = padded(max(tokens[: run.MICRO_BATCH]), run.PAD_TO_MULTIPLE)
+    new_widths = max(len({settle, *epoch_micro_batches(tokens, group_keys, r, ranks, run)}) - 1 for r in range(ranks))
+    every, steps = run.EVAL_EVERY, prediction["total_steps"]
+    evaluations = ((steps // every if every else 0) + (1 if not every or steps % every else 0)) if eval_tokens else 0
+    eval_pass_s = (
+        max(  # each rank its shard in file order; the all-reduce at the end waits for the slowest
+            sum(
+                interpolate(measured["forward_s"], padded(max(shard[i : i + run.MICRO_BATCH]), run.PAD_TO_MULTIPLE))
+                for i in range(0, len(shard), run.MICRO_BATCH)
+            )
+            for shard in (eval_tokens[r::ranks] for r in range(ranks))
+        )
+        if evaluations
+        else 0.0
+    )
+    parts = {
+        "start_s": measured["imports_s"] + measured["tokenize_s"] + measured["load_s"],
+        "first_steps_s": interpolate(measured["micro_batch_s"], settle) + extra[first] + new_widths * new_width_s,
+        "training_s": prediction["total_s"],
+        "evaluation_s": evaluations * eval_pass_s + (measured["eval_first_extra_s"] if evaluations else 0.0),
+        "final_save_s": measured["adapter_save_s"],
+    }
+    return {**parts, "new_widths": new_widths, "evaluations": evaluations, "run_s": sum(parts.values())}
+
+
+def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int, eval_rows: dict) -> dict:
+    """Seconds per micro-batch at each quantile row's length and of each length's first step, the optimizer step,
+    one checkpoint and one adapter save, loading the model; peak GiB per length; the forward pass alone at each
+    eval quantile row's length (`eval_rows`, {} without EVAL_PATH). `run`: train_ddp's settings, planned."""
     import torch
     import torch.distributed as dist
 
@@ -134,7 +188,9 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     from packing import PackCollate
 
     torch.manual_seed(run.SEED)
+    start = time.perf_counter()
     peft_model = T.add_lora(T.load_model(run, device), run)
+    load_s = time.perf_counter() - start
     T.init_distributed(device, tempfile.gettempdir(), run.DIST_INIT_TIMEOUT_S)
     model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS, compiled=run.COMPILE_LAYERS), device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
@@ -152,7 +208,8 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
         optimizer.step()
     optimizer_s = (T.synchronized_clock(device) - start) / steps
     optimizer.zero_grad(set_to_none=True)
-    result = {"micro_batch_s": {}, "peak_gib": {}, "oom": [], "optimizer_s": optimizer_s}
+    result = {"micro_batch_s": {}, "first_step_s": {}, "forward_s": {}, "peak_gib": {}, "oom": []}
+    result.update(optimizer_s=optimizer_s, load_s=load_s)
     for name, row in quantile_rows.items():
         batch = collate([row] * run.MICRO_BATCH)
         length = batch["input_ids"].shape[1]
@@ -162,27 +219,45 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         print(f"measuring {name}: {length} tokens, {warmup} warm-up + {steps} timed steps ...", end=" ", flush=True)
-        began = time.perf_counter()
+        seconds = []
         try:
-            for i in range(warmup + steps):
-                if i == warmup:
-                    start = T.synchronized_clock(device)
+            for _ in range(warmup + steps):
+                start = T.synchronized_clock(device)
                 T.forward_backward(model, [batch] * run.ACCUM_STEPS, device)
                 torch.nn.utils.clip_grad_norm_(params, run.GRAD_CLIP or math.inf)
                 optimizer.zero_grad(set_to_none=True)  # no update: the weights stay the same for every length
+                seconds.append(T.synchronized_clock(device) - start)
         except torch.OutOfMemoryError:
             print("out of memory", flush=True)
             result["oom"].append(f"{name} ({length} tokens)")
             continue
-        result["micro_batch_s"][length] = (T.synchronized_clock(device) - start) / (steps * run.ACCUM_STEPS)
-        print(f"{time.perf_counter() - began:.1f} s", flush=True)
+        result["micro_batch_s"][length] = sum(seconds[warmup:]) / (steps * run.ACCUM_STEPS)
+        result["first_step_s"][length] = seconds[0]
+        print(f"{sum(seconds):.1f} s", flush=True)
         if device.type == "cuda":
             result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
     optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    result["eval_first_extra_s"] = 0.0  # each eval length's first pass beyond its second (compile in eval mode)
+    for row in eval_rows.values():  # as train_ddp.evaluate runs it: no gradients, eval mode
+        batch = T.on_device(PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)([row] * run.MICRO_BATCH), device)
+        seconds = []
+        for _ in range(2):
+            start = T.synchronized_clock(device)
+            with torch.no_grad(), T.autocast(device):
+                model.module(**batch)
+            seconds.append(T.synchronized_clock(device) - start)
+        result["forward_s"][batch["input_ids"].shape[1]] = seconds[1]
+        result["eval_first_extra_s"] += max(0.0, seconds[0] - seconds[1])
+    model.train()
+    progress = {"epoch": 0, "step": 1, "step_in_epoch": 1}
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        T.save_checkpoint(model, optimizer, {"epoch": 0, "step": 1, "step_in_epoch": 1}, {}, out, keep=1)
+        T.save_checkpoint(model, optimizer, progress, {}, out, keep=1)
         result["save_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        T.save_adapter(model, {}, progress, out)
+        result["adapter_save_s"] = time.perf_counter() - start
     dist.destroy_process_group()
     return result
 
@@ -199,6 +274,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
+    began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
     import torch
     from transformers import AutoTokenizer
 
@@ -209,6 +285,7 @@ def main(argv=None) -> None:
     from guards import InputError
     from packing import rows_of_epoch
 
+    imports_s = time.perf_counter() - began
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
     if device.type == "cuda":
@@ -246,13 +323,23 @@ def main(argv=None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(run.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
+    began = time.perf_counter()
     rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in sample]
+    tokenize_row_s = (time.perf_counter() - began) / len(sample)
+    eval_rows = (
+        [
+            tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS)
+            for c in load_conversations(run.EVAL_PATH)
+        ]
+        if run.EVAL_PATH
+        else []
+    )
+    eval_tokens = [len(r["input_ids"]) for r in eval_rows]
     tokens = [len(r["input_ids"]) for r in rows]
     group_keys = ChatDataset(sample, tokenizer, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS).lengths
     lengths = sorted(tokens)
     targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
-    by_length = sorted(rows, key=lambda r: len(r["input_ids"]))
-    quantile_rows = {name: by_length[lengths.index(quantile(lengths, q))] for name, q in QUANTILES.items()}
+    quantile_rows = at_quantiles(rows)
     n = len(conversations)  # a sample stands for the whole file
     tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
     mode = "unpacked rows (PACKING=0)"
@@ -263,7 +350,9 @@ def main(argv=None) -> None:
         mode = f"packed rows (PACKING=1): {n:,} rows in {len(packed):,} of MAX_LEN, fill {fill:.1%}"
         quantile_rows = {"packed row": [rows[i % len(rows)] for i in packed[len(packed) // 2]]}
         tokens = group_keys = [run.MAX_LEN] * len(packed)
-    measured = measure(run, device, tokenizer, quantile_rows, args.warmup, args.steps)
+    eval_quantile_rows = at_quantiles(eval_rows) if eval_rows else {}
+    measured = measure(run, device, tokenizer, quantile_rows, args.warmup, args.steps, eval_quantile_rows)
+    measured.update(imports_s=imports_s, tokenize_s=tokenize_row_s * (n + len(eval_tokens)))
     if not measured["micro_batch_s"]:
         raise SystemExit(f"every measured length ran out of memory ({measured['oom']}): lower MEMORY_TARGET_GIB")
 
@@ -274,7 +363,9 @@ def main(argv=None) -> None:
         world = gpus * nodes
         allreduce = memory_budget.estimate_run(run, shapes, config, world, bus_bw_gbps=args.bus_bw_gbps)
         allreduce = allreduce["allreduce_seconds"] if world > 1 else 0
-        predictions.append(predict(measured, tokens, group_keys, run, gpus, nodes, allreduce))
+        prediction = predict(measured, tokens, group_keys, run, gpus, nodes, allreduce)
+        prediction["whole_run"] = launch_to_adapter(measured, prediction, tokens, group_keys, eval_tokens, run)
+        predictions.append(prediction)
 
     machine = "times do NOT transfer to GPUs" if device.type == "cpu" else torch.cuda.get_device_name()
     print(
@@ -302,6 +393,18 @@ def main(argv=None) -> None:
             f"| {p['nodes']} x {p['gpus_per_node']} | {p['steps_per_epoch']} | {p['step_s']:.2f} | "
             f"{p['straggler_s']:.1f} s | {p['allreduce_exposed_s']:.1f} s | {p['epoch_s'] / 60:.1f} min | "
             f"{p['total_s'] / 3600:.2f} h | {p['gpu_hours']:.2f} |"
+        )
+    print("launch to adapter (the job's last line says its own):")
+    print(
+        "| nodes x GPUs | start: imports, tokenizing, loading | first steps (new widths) | training | "
+        "evaluation | adapter save | launch to adapter |\n|---|---|---|---|---|---|---|"
+    )
+    for p in predictions:
+        w = p["whole_run"]
+        print(
+            f"| {p['nodes']} x {p['gpus_per_node']} | {w['start_s']:.1f} s | {w['first_steps_s']:.1f} s "
+            f"({w['new_widths']}) | {w['training_s'] / 60:.1f} min | {w['evaluation_s']:.1f} s "
+            f"({w['evaluations']} x) | {w['final_save_s']:.1f} s | {w['run_s'] / 60:.1f} min |"
         )
     for line in skipped.values():  # again, below the table
         print(line)

@@ -41,7 +41,7 @@ from chat_data import ChatDataset, data_summary, lengths_file, load_conversation
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
-from logs import StepLog, is_rank0, profiled, say, where_everything_is
+from logs import StepLog, is_rank0, profiled, say, seconds_since_launch, where_everything_is
 from packing import PackCollate, PackedRows, rows_of_epoch
 
 HERE = Path(__file__).resolve().parent
@@ -701,7 +701,10 @@ def main() -> None:
             log.eval(progress["step"], evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH), final=True)
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
-        say(f"adapter checksum {checksum} identical on all {world} ranks | saved to {path}")
+        say(
+            f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} | "
+            f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it
+        )
         say(where_everything_is(cfg.OUTPUT_DIR, path, cfg.MODEL_ID))
 
 

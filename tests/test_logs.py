@@ -1,6 +1,9 @@
 """logs.py: what reaches metrics.jsonl and TensorBoard, and the rank-0 print."""
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -43,3 +46,16 @@ def test_packed_steps_log_their_fill(tmp_path):
     log = logs.StepLog(str(tmp_path), 1, 1, 0, torch.device("cpu"), predict_peak_gib=None, packed_slots=4 * 512)
     log.step(1, 0, 10.0, (5.0, 1536.0, 2048.0), 1.5, 1e-4, True, 0.5, 0.01, [{"input_ids": torch.zeros(4, 512)}])
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["fill"] == 0.75
+
+
+def test_seconds_since_launch_counts_from_the_process_start_not_from_the_import(tmp_path):
+    """A process that sleeps 1.5 s before it imports logs reports at least that, and no more than its whole life."""
+    began = time.monotonic()
+    age = subprocess.run(
+        [sys.executable, "-c", "import time; time.sleep(1.5); import logs; print(logs.seconds_since_launch())"],
+        cwd=logs.__file__.rsplit("/", 1)[0],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert 1.5 <= float(age) <= time.monotonic() - began + 0.05

@@ -92,6 +92,44 @@ def test_an_allreduce_longer_than_the_last_backward_is_exposed():
     assert exposed["allreduce_exposed_s"] == pytest.approx(2 * (0.5 - TB.BACKWARD_SHARE * 0.3))
 
 
+WHOLE_RUN = {  # seconds
+    "micro_batch_s": {64: 0.5, 2048: 4.0},  # measured in this order
+    "first_step_s": {64: 3 * 0.5 + 20.0, 2048: 3 * 4.0 + 2.0},  # the first carries a 20 s compile
+    "forward_s": {64: 0.25},
+    "optimizer_s": 0.1,
+    "save_s": 1.0,
+    "imports_s": 5.0,
+    "tokenize_s": 3.0,
+    "load_s": 30.0,
+    "eval_first_extra_s": 4.0,
+    "adapter_save_s": 0.5,
+}
+
+
+@pytest.mark.parametrize("eval_every,evaluations", [(0, (1, 1)), (3, (3, 2)), (4, (2, 1))])
+def test_the_whole_run_adds_start_first_steps_training_evaluation_and_the_adapter_save(eval_every, evaluations):
+    """24 rows, one of them 2,000 tokens: the rank that has it meets one width (2,048) beyond the first
+    micro-batch's (64). 2 epochs of 4 steps on 1 rank, of 2 on 2; an evaluation every EVAL_EVERY steps and at the
+    end, unless the last step just had one. 5 eval rows in micro-batches of 2: 3 on 1 rank, 2 on the slower of 2."""
+    settings = replace(SETTINGS, EVAL_EVERY=eval_every)
+    tokens = [64] * 23 + [2000]
+    for ranks, total_steps, eval_batches, runs_eval in zip((1, 2), (8, 4), (3, 2), evaluations, strict=True):
+        prediction = TB.predict(WHOLE_RUN, tokens, tokens, settings, ranks, 1, 0.0)
+        run = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, tokens, [64] * 5, settings)
+        assert prediction["total_steps"] == total_steps and run["training_s"] == prediction["total_s"]
+        assert run["start_s"] == pytest.approx(5.0 + 3.0 + 30.0)
+        assert run["new_widths"] == 1 and run["first_steps_s"] == pytest.approx(0.5 + 20.0 + 2.0)
+        assert run["evaluations"] == runs_eval
+        assert run["evaluation_s"] == pytest.approx(runs_eval * eval_batches * 0.25 + 4.0)
+        assert run["final_save_s"] == 0.5 and run["run_s"] == pytest.approx(
+            run["start_s"] + run["first_steps_s"] + run["training_s"] + run["evaluation_s"] + 0.5
+        )
+    no_eval = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, tokens, [], settings)
+    assert no_eval["evaluations"] == 0 and no_eval["evaluation_s"] == 0
+    packed = TB.predict(WHOLE_RUN, [2048] * 24, [2048] * 24, settings, 1, 1, 0.0)  # one width: nothing new
+    assert TB.launch_to_adapter(WHOLE_RUN, packed, [2048] * 24, [2048] * 24, [], settings)["new_widths"] == 0
+
+
 @pytest.fixture(autouse=True)
 def one_rank(monkeypatch):
     """A process group of one, gone after the test; torch's thread count as it was (main() may pin it)."""
@@ -108,7 +146,8 @@ def one_rank(monkeypatch):
     torch.set_num_threads(threads)
 
 
-def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, capsys):
+def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EVAL_PATH", str(SAMPLE_DATA))  # the training file as eval file: the same quantile lengths
     report = tmp_path / "report.json"
     TB.main(["--gpus-per-node", "1", "2", "16", "--warmup", "0", "--steps", "1", "--json", str(report)])
     out = capsys.readouterr().out
@@ -122,6 +161,12 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, ca
     one, two = result["predictions"]
     assert one["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 1, T.Config())
     assert two["steps_per_epoch"] == T.steps_per_epoch(len(lengths), 2, T.Config())
+    measured = result["measured"]
+    assert {int(n) for n in measured["forward_s"]} == expected and measured["load_s"] > 0
+    assert measured["adapter_save_s"] > 0 and "launch to adapter" in out
+    for prediction in one, two:  # EVAL_EVERY=0: one evaluation, at the end
+        whole = prediction["whole_run"]
+        assert whole["evaluations"] == 1 and whole["run_s"] > whole["training_s"] + whole["start_s"] > whole["start_s"]
 
 
 def test_packed_rows_are_measured_and_modelled_as_the_trainer_packs_them(tmp_path, capsys, monkeypatch):

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -138,6 +139,7 @@ def test_micro_batch_without_targets_still_reaches_every_adapter(tokenizer, tiny
 def test_end_to_end_two_ranks(tmp_path, backend):
     data = write_rows(tmp_path / "train.jsonl", sample_rows(18 * RANKS + 1))  # 37 on 2 ranks: not divisible by 2*2*2
     out = tmp_path / "out"
+    launched = time.monotonic()
     run = torchrun(
         ROOT / "train_ddp.py",
         env={
@@ -153,6 +155,9 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     )
     assert run.returncode == 0, run.output[-4000:]
     assert f"identical on all {RANKS} ranks" in run.output
+    # the whole run's wall time, from the process's start (imports included), within the launch's
+    since_launch = float(re.search(r"\| ([\d.]+) s since launch", run.output)[1])
+    assert 2.0 < since_launch < time.monotonic() - launched
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum, as at any RANKS
     assert records[0]["lr"] > 0  # warmup's first step trains
