@@ -232,15 +232,16 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
             result["oom"].append(f"{name} ({length} tokens)")
             continue
         result["micro_batch_s"][length] = sum(seconds[warmup:]) / (steps * run.ACCUM_STEPS)
-        result["first_step_s"][length] = seconds[0]
+        result["first_step_s"].setdefault(length, seconds[0])  # two quantiles of one width: the first saw it new
         print(f"{sum(seconds):.1f} s", flush=True)
         if device.type == "cuda":
             result["peak_gib"][length] = torch.cuda.max_memory_allocated() / 2**30
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     result["eval_first_extra_s"] = 0.0  # each eval length's first pass beyond its second (compile in eval mode)
+    eval_collate = PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
     for row in eval_rows.values():  # as train_ddp.evaluate runs it: no gradients, eval mode
-        batch = T.on_device(PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)([row] * run.MICRO_BATCH), device)
+        batch = T.on_device(eval_collate([row] * run.MICRO_BATCH), device)
         seconds = []
         for _ in range(2):
             start = T.synchronized_clock(device)

@@ -1,6 +1,7 @@
 """time_budget.py: the arithmetic, the epoch cut as the trainer cuts it, and one run on the tiny model (CPU)."""
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,7 @@ from transformers import AutoTokenizer
 
 import time_budget as TB
 import train_ddp as T
-from chat_data import ChatDataset, load_conversations
+from chat_data import ChatDataset, load_conversations, tokenize_conversation
 from collate import PadCollate
 
 SETTINGS = cpu_config(
@@ -167,6 +168,23 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, ca
     for prediction in one, two:  # EVAL_EVERY=0: one evaluation, at the end
         whole = prediction["whole_run"]
         assert whole["evaluations"] == 1 and whole["run_s"] > whole["training_s"] + whole["start_s"] > whole["start_s"]
+
+
+def test_a_width_measured_twice_keeps_the_first_step_that_saw_it_new(monkeypatch, tokenizer, sample_data_path):
+    """Two quantiles of one padded width (short data): the compile and allocator growth of the very first step
+    stay in first_step_s, not the warm first step of the second measurement."""
+    calls = []
+
+    def forward_backward(*args):  # 0.3 s the first time the job runs a step, as a compile would; later free
+        calls.append(1)
+        time.sleep(0.3 if len(calls) == 1 else 0.0)
+
+    monkeypatch.setattr(T, "forward_backward", forward_backward)
+    row = tokenize_conversation(tokenizer, load_conversations(str(sample_data_path))[0], 512, True)
+    run = cpu_config(MICRO_BATCH=1, ACCUM_STEPS=1)
+    measured = TB.measure(run, torch.device("cpu"), tokenizer, {"short": row, "typical": row}, 0, 1, {})
+    (width,) = measured["first_step_s"]
+    assert len(calls) == 2 and measured["first_step_s"][width] >= 0.3 > measured["micro_batch_s"][width]
 
 
 def test_packed_rows_are_measured_and_modelled_as_the_trainer_packs_them(tmp_path, capsys, monkeypatch):
