@@ -12,7 +12,8 @@ length and a JSON header holding each tensor's name, dtype and shape.
 Units: GB = 1e9 bytes, GiB = 2**30 bytes. A card sold as "80 GB" holds 80 GiB; --gpu-mem-gb means that.
 
 The predicted peak is what torch.cuda.max_memory_allocated() reports after optimizer step 3 of
-train_ddp.py: frozen weights in their stored dtype; LoRA adapters, their gradients and AdamW moments
+train_ddp.py: frozen weights in their stored dtype, but for the vision and audio embedders (text rows never run
+them, and train_ddp.py leaves them out); LoRA adapters, their gradients and AdamW moments
 in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path, eager or compiled layer by layer
 (--compile-layers); SDPA attention;
 non-reentrant checkpointing of every Nth decoder layer (--ckpt-every N, 0: none), the checkpointed layers'
@@ -36,8 +37,8 @@ from pathlib import Path
 
 GB, GiB = 1e9, 2**30
 # train_ddp.py's LORA_TARGETS, spelled once: the text decoder's linear layers. PEFT full-matches it against
-# module names. "all-linear" would also hit the vision/audio embedders, which a text batch never uses: a
-# DDP error at step 2 (repro/02).
+# module names. In a model that keeps the vision/audio embedders, "all-linear" would also hit them, which a text
+# batch never uses: a DDP error at step 2 (repro/02); train_ddp.load_model leaves them out.
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 # attention paths: the global layers' kernel of right-padded rows (ffpa, sdpa), transformers' dense masks
 # (masked), or packed rows with every layer on flex_attention (flex)
@@ -202,6 +203,9 @@ def _module_names(shapes: dict, model_type) -> dict:
 
 def _numel(shape) -> int:
     return math.prod(shape)
+
+
+LEFT_OUT_GROUPS = ("vision", "audio")
 
 
 def _group(name: str) -> str:
@@ -479,6 +483,9 @@ def estimate(
     for name, (shape, dtype) in param_shapes.items():
         by_group[_group(name)] = by_group.get(_group(name), 0) + _numel(shape)
         by_dtype[dtype] = by_dtype.get(dtype, 0) + _numel(shape)
+    # what train_ddp.load_model keeps: not the vision and audio embedders (text rows never run them)
+    param_shapes = {n: v for n, v in param_shapes.items() if _group(n) not in LEFT_OUT_GROUPS}
+    n_loaded = sum(_numel(s) for s, _ in param_shapes.values())
     (vocab, hidden), embed_dtype = next(v for n, v in param_shapes.items() if n.endswith("embed_tokens.weight"))
 
     lora = {} if full else lora_params(param_shapes, targets, lora_r, tied)
@@ -492,9 +499,9 @@ def estimate(
 
     persistent = {}  # bytes per GPU that persist across steps: weights, gradients, optimizer state
     if full:
-        persistent["weights (BF16)"] = 2 * n_params / tp
-        persistent["gradients (BF16)"] = 2 * n_params / tp
-        persistent["AdamW: FP32 master + 2 moments"] = 12 * n_params / tp
+        persistent["weights (BF16)"] = 2 * n_loaded / tp
+        persistent["gradients (BF16)"] = 2 * n_loaded / tp
+        persistent["AdamW: FP32 master + 2 moments"] = 12 * n_loaded / tp
     else:
         also = f" + embedding copy {embed_dtype}" if emb_copy else ""
         persistent["frozen weights"] = sum(_numel(s) * DTYPE_BYTES[d] for s, d in param_shapes.values()) / tp
@@ -575,6 +582,7 @@ def estimate(
         ),
         "params": {
             "total": n_params,
+            "loaded": n_loaded,
             "by_group": by_group,
             "by_dtype": by_dtype,
             "under_language_model": sum(_numel(s) for n, (s, _) in param_shapes.items() if "language_model." in n),
@@ -585,7 +593,7 @@ def estimate(
         },
         "lora_params": n_lora,
         "lora_modules": len(lora),
-        "trainable_params": n_params if full else n_lora + emb_copy,
+        "trainable_params": n_loaded if full else n_lora + emb_copy,
         "bytes": persistent,
         "grad_bytes": grad_bytes,
         "activations_ckpt_bytes": activations["boundaries"]
@@ -610,7 +618,7 @@ def estimate(
         "allreduce_bytes": grad_bytes * ring,
         "allreduce_seconds": grad_bytes * ring / (bus_bw_gbps * GB),
         "global_batch": layout.micro_batch * accum * dp,
-        "full_finetune_bytes": full_finetune_bytes(n_params),
+        "full_finetune_bytes": full_finetune_bytes(n_loaded),
     }
 
 
@@ -752,7 +760,10 @@ def format_report(result: dict) -> str:
         f"Parameters: {_count(p['total'])} ({_count(p['under_language_model'])} under "
         f"model.language_model), {p['layers']} decoder layers, vocab {p['vocab']:,}, hidden {p['hidden']}"
     ]
-    out += [f"  {g:<20}{_count(n):>12}" for g, n in sorted(p["by_group"].items(), key=lambda x: -x[1])]
+    out += [
+        f"  {g:<20}{_count(n):>12}" + ("  (left out: text rows only)" if g in LEFT_OUT_GROUPS else "")
+        for g, n in sorted(p["by_group"].items(), key=lambda x: -x[1])
+    ]
     out.append("  by dtype: " + ", ".join(f"{d} {_count(n)}" for d, n in p["by_dtype"].items()))
     if not s["full"]:
         out.append(

@@ -235,6 +235,9 @@ def load_model(cfg: Config, device: torch.device):
         model = AutoModelForCausalLM.from_pretrained(
             cfg.MODEL_ID, dtype=dtype, device_map={"": device}, attn_implementation=implementation
         )
+    for embedder in ("embed_vision", "embed_audio"):  # text rows never run them: their weights leave the GPU
+        if getattr(model.model, embedder, None) is not None:
+            setattr(model.model, embedder, None)
     model.config.use_cache = False
     return model
 

@@ -24,6 +24,7 @@ from conftest import (
 )
 
 import chat_data
+import memory_budget
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
 from guards import InputError
@@ -72,6 +73,20 @@ def test_every_rank_runs_the_same_number_of_steps(n_samples, world):
 
 
 # ---------------------------------------------------------------- model
+def test_the_vision_and_audio_embedders_are_left_out_as_memory_budget_counts(tiny_lora_model, tiny_model_path):
+    """Text rows never run them: load_model drops them, and memory_budget's weights are the ones kept (the
+    tiny default carries both, as the 12B does)."""
+    base = tiny_lora_model.get_base_model()
+    assert not any("embed_vision" in n or "embed_audio" in n for n, _ in base.named_parameters())
+    shapes = memory_budget.param_shapes_from_path(tiny_model_path)
+    assert any("embed_vision" in n for n in shapes) and any("embed_audio" in n for n in shapes)
+    config = memory_budget.load_config(tiny_model_path)
+    params = memory_budget.estimate(shapes, config, memory_budget.Layout(), seq_len=64)
+    frozen = sum(p.numel() for p in base.parameters() if not p.requires_grad)
+    frozen += sum(b.numel() for n, b in base.named_buffers() if n.endswith("layer_scalar"))  # in the checkpoint
+    assert frozen == params["params"]["loaded"] < params["params"]["total"]
+
+
 def test_adapters_only_on_the_text_decoder(tiny_lora_model):
     names = [n for n, p in tiny_lora_model.named_parameters() if p.requires_grad]
     assert names and all(".language_model." in n and "lora_" in n for n in names)
