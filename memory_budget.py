@@ -208,6 +208,11 @@ def _numel(shape) -> int:
 LEFT_OUT_GROUPS = ("vision", "audio")
 
 
+def is_left_out(name: str) -> bool:
+    """A parameter or module that train_ddp.py leaves out of the model: text rows never run it."""
+    return _group(name) in LEFT_OUT_GROUPS
+
+
 def _group(name: str) -> str:
     if "embed_tokens" in name or name.startswith("lm_head"):
         return "embeddings"
@@ -484,7 +489,7 @@ def estimate(
         by_group[_group(name)] = by_group.get(_group(name), 0) + _numel(shape)
         by_dtype[dtype] = by_dtype.get(dtype, 0) + _numel(shape)
     # what train_ddp.load_model keeps: not the vision and audio embedders (text rows never run them)
-    param_shapes = {n: v for n, v in param_shapes.items() if _group(n) not in LEFT_OUT_GROUPS}
+    param_shapes = {n: v for n, v in param_shapes.items() if not is_left_out(n)}
     n_loaded = sum(_numel(s) for s, _ in param_shapes.values())
     (vocab, hidden), embed_dtype = next(v for n, v in param_shapes.items() if n.endswith("embed_tokens.weight"))
 

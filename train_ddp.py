@@ -235,9 +235,9 @@ def load_model(cfg: Config, device: torch.device):
         model = AutoModelForCausalLM.from_pretrained(
             cfg.MODEL_ID, dtype=dtype, device_map={"": device}, attn_implementation=implementation
         )
-    for embedder in ("embed_vision", "embed_audio"):  # text rows never run them: their weights leave the GPU
-        if getattr(model.model, embedder, None) is not None:
-            setattr(model.model, embedder, None)
+    # text rows never run the vision and audio embedders: their weights leave the GPU (the budget's rule)
+    for name in [n for n, _ in model.model.named_children() if memory_budget.is_left_out(n)]:
+        setattr(model.model, name, None)
     model.config.use_cache = False
     return model
 
