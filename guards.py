@@ -179,7 +179,7 @@ class HangWatchdog(threading.Thread):
                 os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
 
     def report(self, text: str) -> None:
-        print(f"[rank {self.rank}] {text}", file=sys.stderr, flush=True)
+        to_stderr(f"[rank {self.rank}] {text}")
 
     def post_failure(self, line: str) -> None:
         """Tell the peers why this rank is ending (they print it: the root cause appears on every rank)."""
@@ -314,6 +314,13 @@ class GracefulStop:
             before = now
 
 
+def to_stderr(text: str) -> None:
+    """`text` and its newline in ONE write: the ranks share torchrun's pipe, and print() writes the newline
+    apart, so a peer's line could land in the middle of this one."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
     """Around everything after the process group exists, with `watchdog` running for stuck collectives: an
@@ -330,7 +337,7 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
         raise
     except Exception as e:
         watchdog.stop()
-        print(failure_report(e, watchdog, output_dir), file=sys.stderr, flush=True)
+        to_stderr(failure_report(e, watchdog, output_dir))
         record_for_torchrun(e)  # after the report: a peer that died first stays torchrun's root cause
         sys.stdout.flush()
         if lock:

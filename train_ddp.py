@@ -716,7 +716,7 @@ def run() -> None:
     try:
         main()
     except InputError as e:
-        print(f"[rank {os.environ.get('RANK', 0)}] error: {e}", file=sys.stderr, flush=True)
+        guards.to_stderr(f"[rank {os.environ.get('RANK', 0)}] error: {e}")
         guards.record_for_torchrun(e)
         sys.exit(2)
 

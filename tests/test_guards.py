@@ -64,3 +64,20 @@ def test_workers_die_with_their_rank():
     assert rank.wait(60) == 1 and len(pids) == 2
     assert wait_until(lambda: not any(alive(p) for p in pids), timeout=2.0), [p for p in pids if alive(p)]
     rank.stdout.close()
+
+
+def test_a_report_reaches_stderr_in_one_write_with_its_newline(monkeypatch):
+    """Ranks share torchrun's pipe: a line written in two parts (print's text, then its newline) lets a peer's
+    line land in between (seen in CI: "...NAN_POLICY=stop[rank 1] error: ...")."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    guards.to_stderr("[rank 0] error: non-finite loss")
+    assert writes == ["[rank 0] error: non-finite loss\n"]
