@@ -10,20 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive
+from conftest import alive, wait_until
 
 import guards
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and sigwaitinfo are Linux's")
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize("threads_set", [False, True], ids=["plain", "after-set_num_threads"])
