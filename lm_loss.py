@@ -91,6 +91,11 @@ class CausalLMLoss(torch.nn.Module):
     def forward(self, input_ids, attention_mask, labels, right_padded=False, position_ids=None):
         if position_ids is not None:  # packed rows: attention stays inside each conversation
             attention_mask = packed_masks(position_ids, self.sliding_window)
+        elif right_padded:
+            # Causality alone keeps real tokens off the padding after them (attention.py). A padding mask would
+            # also leave each padding query more than a window past its row's end with no key at all, and GPU
+            # kernels (cuDNN) turn such rows into NaN gradients, which the real tokens' gradients sum over.
+            attention_mask = None
         hidden = self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -91,6 +91,23 @@ def test_right_padded_rows_get_the_masked_loss_and_lora_gradients_without_the_ma
         assert float((a - b).norm()) <= 1e-5 * float(b.norm())
 
 
+def test_no_query_of_a_right_padded_batch_is_left_without_keys(tokenizer, tiny_model, monkeypatch):
+    """Padding past a short row's end by more than the sliding window (128) must still see a key (itself): a
+    query row with no key gives NaN gradients on GPU kernels (test_right_padded_rows_keep_finite_gradients_on_gpu)."""
+    keyless = []
+    real = attention.sdpa_attention_forward
+
+    def spy(module, q, k, v, mask, **kwargs):
+        if mask is not None:
+            keyless.append(int((~mask.bool().any(-1)).sum()))
+        return real(module, q, k, v, mask, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", spy)
+    batch = right_padded_batch(tokenizer, [300, 170, 60])  # the 60-token row: 240 padding positions
+    loss_and_grads(tiny_model, batch, right_padded=True)
+    assert keyless and not any(keyless)
+
+
 @pytest.mark.parametrize("case", ["sliding layer", "attention dropout", "not right-padded"])
 def test_everything_else_keeps_transformers_masked_sdpa(monkeypatch, case):
     """Only a global, causal, dropout-free layer of a right-padded batch drops its mask."""
@@ -180,6 +197,19 @@ def assert_as_close_as_sdpa_bf16(name, models, reference_inputs, inputs, right_p
     assert fast_err[0] <= 2 * sdpa_err[0] + 1e-3 and fast_err[1] <= 2 * sdpa_err[1] + 1e-3
 
 
+def random_right_padded(config, lengths):
+    """Random tokens in rows of `lengths`, right-padded to the longest, on CUDA (every real token a target)."""
+    width = max(lengths)
+    ids = torch.randint(
+        10, config.get_text_config().vocab_size, (len(lengths), width), generator=torch.Generator().manual_seed(1)
+    )
+    mask = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+    batch = {"input_ids": ids * mask, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, IGNORE_INDEX)}
+    inputs = T.on_device(batch, torch.device("cuda"))
+    assert inputs.pop("right_padded")
+    return inputs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kernel", ["ffpa", "sdpa"])
@@ -187,15 +217,19 @@ def test_global_layer_kernel_matches_sdpa_at_12b_shapes_with_right_padded_rows(k
     if kernel == "ffpa":
         pytest.importorskip("ffpa_attn")
     models = models_at_12b_shapes(kernel)
-    lengths, width = [1536, 1100], 1536
-    ids = torch.randint(
-        10, models[0].get_text_config().vocab_size, (2, width), generator=torch.Generator().manual_seed(1)
-    )
-    mask = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
-    batch = {"input_ids": ids * mask, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, IGNORE_INDEX)}
-    inputs = T.on_device(batch, torch.device("cuda"))
-    assert inputs.pop("right_padded")
+    inputs = random_right_padded(models[0], [1536, 1100])
     assert_as_close_as_sdpa_bf16(kernel, models, inputs, inputs, right_padded=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_right_padded_rows_keep_finite_gradients_on_gpu():
+    """A short row beside a long one: its padding runs 724 tokens past the sliding window (512). With a padding
+    mask those queries had no key, and the BF16 step's LoRA gradients came out NaN (bench_results/issue25)."""
+    _, model, _ = models_at_12b_shapes("sdpa")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, grads = loss_and_grads(model, random_right_padded(model.config, [1536, 300]), right_padded=True)
+    assert torch.isfinite(loss) and [torch.isfinite(g).all().item() for g in grads] == [True] * len(grads)
 
 
 @pytest.mark.gpu
