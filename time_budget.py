@@ -18,12 +18,14 @@ ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
             taking its slowest rank's time; the gradient all-reduce from memory_budget.py at --bus-bw-gbps,
             of which DDP hides what the slowest rank's last backward (2/3 of its micro-batch) covers; the
             checkpoints the trainer writes (SAVE_EVERY, epoch ends). The whole run, launch to adapter (the
-            job's last line says its own): start (imports, tokenizing all rows, loading), the first micro-batch
-            with the first step's extra time, each further padded width a rank meets in epoch 1 with the
-            median extra of a new width's first step, training, every evaluation (EVAL_EVERY and the end:
-            each rank's shard of the eval file, the slowest rank), the adapter save.
+            job's last line says its own): start (imports, tokenizing all rows, loading), the first micro-batch,
+            the extra time of every measured length's first step once (kernels compiled and planned on a cold
+            cache, as on a newly rented node; the job meets them in its first steps, not at each new width),
+            training, every evaluation (EVAL_EVERY and the end: each rank's shard of the eval file, the slowest
+            rank), the adapter save.
   not modelled: the drift check, waiting for data, saving to slow shared storage, several ranks loading from
-            one disk at once, new widths after epoch 1 (with --warmup 0 the extra of first steps is not seen).
+            one disk at once, warm compile caches (a job after time_budget on one machine starts faster;
+            with --warmup 0 the extra of first steps is not seen).
 Configurations the data fill no optimizer step of are named and skipped before anything is measured.
 On the CPU this runs whatever model MODEL_ID names (the tiny default) on one thread, as torchrun gives each
 rank (unless OMP_NUM_THREADS says otherwise): its times do not transfer to GPUs.
@@ -138,21 +140,21 @@ def predict(
     }
 
 
-def launch_to_adapter(
-    measured: dict, prediction: dict, tokens: list[int], group_keys: list[int], eval_tokens: list[int], run
-) -> dict:
+def launch_to_adapter(measured: dict, prediction: dict, tokens: list[int], eval_tokens: list[int], run) -> dict:
     """The whole run's wall time for `prediction`'s configuration, in parts: start (imports, tokenizing,
-    loading), first steps (train_ddp.settle_buckets' micro-batch of the first rows with the first step's extra,
-    then each further padded width a rank meets in epoch 1), training (predict's total_s), evaluation, the
-    adapter save. tokens, group_keys: as for predict(); eval_tokens: every row's token count in EVAL_PATH."""
+    loading), first steps (train_ddp.settle_buckets' micro-batch of the first rows, plus each measured length's
+    first-step extra once), training (predict's total_s), evaluation, the adapter save. tokens: as for predict();
+    eval_tokens: every row's token count in EVAL_PATH.
+
+    A length's first step is slower by the kernels it is the first to need: Triton's JIT (ffpa, inductor),
+    torch.compile's graphs (the second width recompiles them dynamic), cuDNN plans. Each is built once per process
+    and cached on disk, not once per width: the 12B's eager job on a fresh H200 paid 6.6 s in step 1 and 1.1 s
+    in step 2, and no later step of its 29 widths took over 2.8 s against 2.23 (bench_results/issue25/call6)."""
     ranks = prediction["gpus_per_node"] * prediction["nodes"]
-    extra = {  # a length's first step beyond its steady step; lengths in the order measured
-        n: max(0.0, measured["first_step_s"][n] - run.ACCUM_STEPS * s) for n, s in measured["micro_batch_s"].items()
-    }
-    first, *others = extra  # the first carries the compile and the allocator's growth
-    new_width_s = sorted(extra[n] for n in others)[len(others) // 2] if others else 0.0
+    compile_s = sum(  # each length's first step beyond its steady step
+        max(0.0, measured["first_step_s"][n] - run.ACCUM_STEPS * s) for n, s in measured["micro_batch_s"].items()
+    )
     settle = padded(max(tokens[: run.MICRO_BATCH]), run.PAD_TO_MULTIPLE)
-    new_widths = max(len({settle, *epoch_micro_batches(tokens, group_keys, r, ranks, run)}) - 1 for r in range(ranks))
     every, steps = run.EVAL_EVERY, prediction["total_steps"]
     evaluations = ((steps // every if every else 0) + (1 if not every or steps % every else 0)) if eval_tokens else 0
     eval_pass_s = (
@@ -168,12 +170,12 @@ def launch_to_adapter(
     )
     parts = {
         "start_s": measured["imports_s"] + measured["tokenize_s"] + measured["load_s"],
-        "first_steps_s": interpolate(measured["micro_batch_s"], settle) + extra[first] + new_widths * new_width_s,
+        "first_steps_s": interpolate(measured["micro_batch_s"], settle) + compile_s,
         "training_s": prediction["total_s"],
         "evaluation_s": evaluations * eval_pass_s + (measured["eval_first_extra_s"] if evaluations else 0.0),
         "final_save_s": measured["adapter_save_s"],
     }
-    return {**parts, "new_widths": new_widths, "evaluations": evaluations, "run_s": sum(parts.values())}
+    return {**parts, "evaluations": evaluations, "run_s": sum(parts.values())}
 
 
 def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int, eval_rows: dict) -> dict:
@@ -365,7 +367,7 @@ def main(argv=None) -> None:
         allreduce = memory_budget.estimate_run(run, shapes, config, world, bus_bw_gbps=args.bus_bw_gbps)
         allreduce = allreduce["allreduce_seconds"] if world > 1 else 0
         prediction = predict(measured, tokens, group_keys, run, gpus, nodes, allreduce)
-        prediction["whole_run"] = launch_to_adapter(measured, prediction, tokens, group_keys, eval_tokens, run)
+        prediction["whole_run"] = launch_to_adapter(measured, prediction, tokens, eval_tokens, run)
         predictions.append(prediction)
 
     machine = "times do NOT transfer to GPUs" if device.type == "cpu" else torch.cuda.get_device_name()
@@ -397,14 +399,14 @@ def main(argv=None) -> None:
         )
     print("launch to adapter (the job's last line says its own):")
     print(
-        "| nodes x GPUs | start: imports, tokenizing, loading | first steps (new widths) | training | "
+        "| nodes x GPUs | start: imports, tokenizing, loading | first steps (compile, cold cache) | training | "
         "evaluation | adapter save | launch to adapter |\n|---|---|---|---|---|---|---|"
     )
     for p in predictions:
         w = p["whole_run"]
         print(
             f"| {p['nodes']} x {p['gpus_per_node']} | {w['start_s']:.1f} s | {w['first_steps_s']:.1f} s "
-            f"({w['new_widths']}) | {w['training_s'] / 60:.1f} min | {w['evaluation_s']:.1f} s "
+            f"| {w['training_s'] / 60:.1f} min | {w['evaluation_s']:.1f} s "
             f"({w['evaluations']} x) | {w['final_save_s']:.1f} s | {w['run_s'] / 60:.1f} min |"
         )
     for line in skipped.values():  # again, below the table

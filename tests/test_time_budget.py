@@ -109,26 +109,31 @@ WHOLE_RUN = {  # seconds
 
 @pytest.mark.parametrize("eval_every,evaluations", [(0, (1, 1)), (3, (3, 2)), (4, (2, 1))])
 def test_the_whole_run_adds_start_first_steps_training_evaluation_and_the_adapter_save(eval_every, evaluations):
-    """24 rows, one of them 2,000 tokens: the rank that has it meets one width (2,048) beyond the first
-    micro-batch's (64). 2 epochs of 4 steps on 1 rank, of 2 on 2; an evaluation every EVAL_EVERY steps and at the
-    end, unless the last step just had one. 5 eval rows in micro-batches of 2: 3 on 1 rank, 2 on the slower of 2."""
+    """24 rows, one of them 2,000 tokens: 2 epochs of 4 steps on 1 rank, of 2 on 2. The first steps: the first
+    micro-batch (64 tokens) and both measured lengths' compile extras once. An evaluation every EVAL_EVERY steps
+    and at the end, unless the last step just had one. 5 eval rows in micro-batches of 2: 3 on 1 rank, 2 on the
+    slower of 2."""
     settings = replace(SETTINGS, EVAL_EVERY=eval_every)
     tokens = [64] * 23 + [2000]
     for ranks, total_steps, eval_batches, runs_eval in zip((1, 2), (8, 4), (3, 2), evaluations, strict=True):
         prediction = TB.predict(WHOLE_RUN, tokens, tokens, settings, ranks, 1, 0.0)
-        run = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, tokens, [64] * 5, settings)
+        run = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, [64] * 5, settings)
         assert prediction["total_steps"] == total_steps and run["training_s"] == prediction["total_s"]
         assert run["start_s"] == pytest.approx(5.0 + 3.0 + 30.0)
-        assert run["new_widths"] == 1 and run["first_steps_s"] == pytest.approx(0.5 + 20.0 + 2.0)
+        assert run["first_steps_s"] == pytest.approx(0.5 + 20.0 + 2.0)
         assert run["evaluations"] == runs_eval
         assert run["evaluation_s"] == pytest.approx(runs_eval * eval_batches * 0.25 + 4.0)
         assert run["final_save_s"] == 0.5 and run["run_s"] == pytest.approx(
             run["start_s"] + run["first_steps_s"] + run["training_s"] + run["evaluation_s"] + 0.5
         )
-    no_eval = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, tokens, [], settings)
+    no_eval = TB.launch_to_adapter(WHOLE_RUN, prediction, tokens, [], settings)
     assert no_eval["evaluations"] == 0 and no_eval["evaluation_s"] == 0
-    packed = TB.predict(WHOLE_RUN, [2048] * 24, [2048] * 24, settings, 1, 1, 0.0)  # one width: nothing new
-    assert TB.launch_to_adapter(WHOLE_RUN, packed, [2048] * 24, [2048] * 24, [], settings)["new_widths"] == 0
+    # Kernels are built once per process, not per width: many widths cost no more than one beside the settle's.
+    widths = [64] * 12 + list(range(100, 2048, 160))
+    many = TB.launch_to_adapter(
+        WHOLE_RUN, TB.predict(WHOLE_RUN, widths, widths, settings, 1, 1, 0.0), widths, [], settings
+    )
+    assert many["first_steps_s"] == pytest.approx(0.5 + 20.0 + 2.0)
 
 
 @pytest.fixture(autouse=True)
