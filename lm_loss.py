@@ -93,8 +93,8 @@ class CausalLMLoss(torch.nn.Module):
             attention_mask = packed_masks(position_ids, self.sliding_window)
         elif right_padded:
             # Causality alone keeps real tokens off the padding after them (attention.py). A padding mask would
-            # also leave each padding query more than a window past its row's end with no key at all, and GPU
-            # kernels (cuDNN) turn such rows into NaN gradients, which the real tokens' gradients sum over.
+            # also leave each padding query more than a window past its row's end with no key at all: on an H200
+            # such batches gave NaN gradients, 7 of 60 steps on a chat mix (bench_results/issue25/session7.txt).
             attention_mask = None
         hidden = self.decoder(
             input_ids=input_ids,
