@@ -71,6 +71,7 @@ class StepLog:
         self.packed_slots = packed_slots
         self.predict_peak_gib, self.longest = predict_peak_gib, 0
         self.rank0 = is_rank0()
+        self.steps, self.skipped = 0, []  # this process's steps, and those whose update NAN_POLICY=skip dropped
         self.bar = tqdm(
             total=total_steps,
             initial=done,
@@ -81,9 +82,12 @@ class StepLog:
 
     def step(self, step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, data_wait, micro_batches):
         self.bar.update(1)
+        self.steps += 1
+        self.skipped += [] if finite else [step]
         self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
         check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
         logged = (self.log_every and step % self.log_every == 0) or step == self.total_steps or check_memory
+        logged = logged or not finite  # a dropped update is never silent, whatever LOG_EVERY
         if not self.rank0 or not logged:
             return
         n_targets, n_tokens, n_padded = counts
@@ -135,7 +139,14 @@ class StepLog:
             writer.flush()
 
     def close(self) -> None:
+        """Ends the progress bar; says how many of this run's updates a non-finite loss or gradient dropped."""
         self.bar.close()
+        if self.skipped:
+            shown = ", ".join(map(str, self.skipped[:10])) + (", ..." if len(self.skipped) > 10 else "")
+            say(
+                f"warning: {len(self.skipped)} of {self.steps} steps skipped their update (non-finite loss or "
+                f"gradient; NAN_POLICY=skip): steps {shown}"
+            )
 
 
 @functools.cache

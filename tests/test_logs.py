@@ -34,6 +34,25 @@ def test_a_step_is_logged_every_log_every_steps_and_at_the_last(tmp_path):
     assert records[0]["loss"] == 2.0 and records[0]["tokens_per_s"] == 200.0 and records[0]["padding"] == 0.21875
 
 
+def test_a_skipped_update_is_logged_whatever_log_every_and_summed_up_at_the_end(tmp_path, capsys):
+    log = logs.StepLog(str(tmp_path), 10, 30, 0, torch.device("cpu"), predict_peak_gib=None)
+    batch = {"input_ids": torch.zeros(2, 64)}
+    for step in range(1, 31):
+        finite = step not in (3, 17)
+        grad_norm = 1.5 if finite else float("nan")
+        log.step(step, 0, 10.0, (5.0, 100.0, 128.0), grad_norm, 1e-4, finite, 0.5, 0.01, [batch])
+    log.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["skipped"]) for r in records] == [
+        (3, True),
+        (10, False),
+        (17, True),
+        (20, False),
+        (30, False),
+    ]
+    assert "warning: 2 of 30 steps skipped their update" in capsys.readouterr().out.splitlines()[-1]
+
+
 def test_only_rank_0_prints(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "1")
     logs.say("from rank 1")

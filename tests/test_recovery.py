@@ -399,6 +399,10 @@ def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
     assert f"identical on all {RANKS} ranks" in run.output
     steps = {r["step"]: r for r in metrics(out)}
     assert [s for s, r in steps.items() if r["skipped"]] == [3] and math.isnan(steps[3]["loss"])
+    assert (
+        "warning: 1 of 4 steps skipped their update (non-finite loss or gradient; NAN_POLICY=skip): steps 3"
+        in run.output
+    )
     ckpt = {s: load_file(str(out / "checkpoints" / f"step-{s:08d}" / "adapter_model.safetensors")) for s in (2, 3)}
     assert_bitwise_equal(ckpt[3], ckpt[2])  # step 3 changed nothing (and, per the drift check, on no rank)
     assert all(not torch.equal(adapter(out)[k], ckpt[3][k]) for k in ckpt[3] if "lora_B" in k)  # step 4 trained
