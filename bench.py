@@ -105,13 +105,9 @@ def causal_span_sum(n: int, span: float) -> int:
 
 def conversation_lengths(data: Path, model_id: str, max_len: int) -> list[int]:
     """Token lengths of the file's conversations through model_id's chat template, cut at max_len."""
-    from transformers import AutoTokenizer
+    from chat_data import ChatDataset, chat_tokenizer, load_conversations
 
-    from chat_data import ChatDataset, load_conversations
-
-    return ChatDataset(
-        load_conversations(str(data)), AutoTokenizer.from_pretrained(model_id), max_len, True
-    ).token_lengths
+    return ChatDataset(load_conversations(str(data)), chat_tokenizer(model_id), max_len, True).token_lengths
 
 
 def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:

@@ -107,6 +107,20 @@ def format_hint(row) -> str:
     return ""
 
 
+def chat_tokenizer(model_id: str):
+    """MODEL_ID's tokenizer, which renders every conversation with its chat template. Without one (a base,
+    pre-trained checkpoint's tokenizer) no row can be rendered: said here, before any row is read."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_id)
+    if not tokenizer.chat_template:
+        raise InputError(
+            f"MODEL_ID {model_id!r}: its tokenizer has no chat template to render the conversations with (a base "
+            "checkpoint?); use the instruction-tuned model's tokenizer, e.g. google/gemma-4-12B-it"
+        )
+    return tokenizer
+
+
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
     """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
     assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""

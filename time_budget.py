@@ -279,12 +279,11 @@ def main(argv=None) -> None:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
     import torch
-    from transformers import AutoTokenizer
 
     import memory_budget
     import settings
     import train_ddp as T
-    from chat_data import ChatDataset, load_conversations, tokenize_conversation
+    from chat_data import ChatDataset, chat_tokenizer, load_conversations, tokenize_conversation
     from guards import InputError
     from packing import rows_of_epoch
 
@@ -323,7 +322,7 @@ def main(argv=None) -> None:
         print(
             "CPU: 1 thread, as torchrun gives each rank (set OMP_NUM_THREADS to change); times do NOT transfer to GPUs"
         )
-    tokenizer = AutoTokenizer.from_pretrained(run.MODEL_ID)
+    tokenizer = chat_tokenizer(run.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
     began = time.perf_counter()

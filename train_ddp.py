@@ -37,7 +37,7 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, data_summary, lengths_file, load_conversations
+from chat_data import ChatDataset, chat_tokenizer, data_summary, lengths_file, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
@@ -575,8 +575,6 @@ def main() -> None:
 
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
-    from transformers import AutoTokenizer
-
     cfg, sources = settings.read(Config, ALLOWED)
     for warning in settings.misspelled(sources):
         say(warning)
@@ -589,7 +587,7 @@ def main() -> None:
     eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
     if not cfg.PACKING:  # data too few for one step: said before the tokenizer loads (packed: once rows are known)
         steps_per_epoch(len(conversations), world, cfg)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.MODEL_ID)
+    tokenizer = chat_tokenizer(cfg.MODEL_ID)
     identity = run_record.identity(cfg, world)
     kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
     dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept)  # lengths kept

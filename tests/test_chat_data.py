@@ -4,7 +4,7 @@ import codecs
 import json
 
 import pytest
-from conftest import SAMPLE_DATA
+from conftest import SAMPLE_DATA, TINY_MODEL
 
 import chat_data
 from collate import IGNORE_INDEX
@@ -127,3 +127,17 @@ def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_da
     assert chat_data.ChatDataset(rows, Untouchable(), 256, True, kept).token_lengths == first
     other = [chat_data.lengths_file(str(tmp_path), d, tokenizer, n) for d, n in [("abd", 256), ("abc", 512)]]
     assert len({kept, *other}) == 3  # other data or another MAX_LEN: counted anew
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_by_name(tmp_path):
+    """A base checkpoint's tokenizer cannot render a conversation: one clear error, not transformers' traceback
+    from inside the first row."""
+    assert chat_data.chat_tokenizer(str(TINY_MODEL)).chat_template
+    base = tmp_path / "base-model"
+    base.mkdir()
+    (base / "tokenizer.json").write_bytes((TINY_MODEL / "tokenizer.json").read_bytes())
+    config = json.loads((TINY_MODEL / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=rf"MODEL_ID '{base}': its tokenizer has no chat template .*gemma-4-12B-it"):
+        chat_data.chat_tokenizer(str(base))
