@@ -83,7 +83,8 @@ class StepLog:
     def step(self, step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, data_wait, micro_batches):
         self.bar.update(1)
         self.steps += 1
-        self.skipped += [] if finite else [step]
+        if not finite:
+            self.skipped.append(step)
         self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
         check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
         logged = (self.log_every and step % self.log_every == 0) or step == self.total_steps or check_memory
