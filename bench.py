@@ -44,7 +44,7 @@ RUNS = {
     },
     "defaults": {"MICRO_BATCH": "1"},  # train_ddp.py's defaults
     # one constant picks the layout (memory_budget.plan_for_memory_target)
-    "frugal": {"MEMORY_TARGET_GIB": "25", "MICRO_BATCH": "1"},
+    "frugal": {"MEMORY_TARGET_GIB": "24.5", "MICRO_BATCH": "1"},
     "fast": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1"},
     "fast-compile": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1", "COMPILE_LAYERS": "1"},
     # explicit layouts

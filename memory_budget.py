@@ -1,7 +1,7 @@
 """Per-GPU memory and gradient all-reduce budget for LoRA (or full) fine-tuning of Gemma 4 under DDP.
 
     python memory_budget.py MODEL [--gpus-per-node 8] [--seq-len 2048] [--micro-batch 1] [--ckpt-every 1]
-                                  [--ckpt-offload] [--ce-chunk-tokens 1024] [--json] ...
+                                  [--ckpt-offload] [--optimizer-offload] [--ce-chunk-tokens 1024] [--json] ...
 
 MODEL is a local folder (config.json + *.safetensors, sharded through model.safetensors.index.json
 or not), a config.json alone (shapes then come from building the model on the meta device, e.g.
@@ -13,17 +13,18 @@ Units: GB = 1e9 bytes, GiB = 2**30 bytes. A card sold as "80 GB" holds 80 GiB; -
 
 The predicted peak is what torch.cuda.max_memory_allocated() reports after optimizer step 3 of
 train_ddp.py: frozen weights in their stored dtype, but for the vision and audio embedders (text rows never run
-them, and train_ddp.py leaves them out); LoRA adapters, their gradients and AdamW moments
-in FP32; BF16 autocast with the backward pass outside it; PEFT's LoRA path, eager or compiled layer by layer
-(--compile-layers); SDPA attention;
+them, and train_ddp.py leaves them out); LoRA adapters, their gradients and AdamW moments in FP32 (the moments
+in pinned host memory between steps with --optimizer-offload); BF16 autocast with the backward pass outside it;
+PEFT's LoRA path, eager or compiled layer by layer (--compile-layers); SDPA attention;
 non-reentrant checkpointing of every Nth decoder layer (--ckpt-every N, 0: none), the checkpointed layers'
 inputs kept on the GPU or offloaded to pinned host memory (--ckpt-offload); train_ddp.py's full-vocabulary
 FP32 cross-entropy (over every position, or in checkpointed chunks of --ce-chunk-tokens); DDP with
 gradient_as_bucket_view=True; every sample padded to --seq-len and every position a target (the worst case).
 
-The layout options (--micro-batch, --ckpt-every, --ckpt-offload, --ce-chunk-tokens) are train_ddp.py's
-MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS, with the same defaults; they
-describe every layout that train_ddp.py's MEMORY_TARGET_GIB planner (plan_for_memory_target) can choose.
+The layout options (--micro-batch, --ckpt-every, --ckpt-offload, --optimizer-offload, --ce-chunk-tokens) are
+train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, OPTIMIZER_OFFLOAD and CE_CHUNK_TOKENS,
+with the same defaults; they describe every layout that train_ddp.py's MEMORY_TARGET_GIB planner
+(plan_for_memory_target) can choose.
 """
 
 import argparse
@@ -86,13 +87,14 @@ CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
 
 @dataclass(frozen=True)
 class Layout:
-    """How each GPU runs its samples: train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD
-    and CE_CHUNK_TOKENS, with their defaults. The CLI, the planner and the trainer all speak it."""
+    """How each GPU runs its samples: train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD,
+    CE_CHUNK_TOKENS and OPTIMIZER_OFFLOAD, with their defaults. The CLI, the planner and the trainer all speak it."""
 
     micro_batch: int = 1  # samples per GPU per forward
     ckpt_every: int = 1  # checkpoint the decoder layers whose index is a multiple of this (0: none)
     offload: bool = False  # checkpointed layers keep their BF16 input in pinned host memory, not on the GPU
     ce_chunk_tokens: int = 1024  # loss over target positions in checkpointed chunks this long (0: all logits at once)
+    optimizer_offload: bool = False  # AdamW's state waits in pinned host memory while forward and backward run
 
     def __post_init__(self):
         wrong = [
@@ -514,6 +516,12 @@ def estimate(
         persistent[f"gradients (FP32{also})"] = (4 * n_lora + emb_bytes) / tp
         persistent[f"AdamW state (2 x FP32{also})"] = (8 * n_lora + 2 * emb_bytes) / tp
     grad_bytes = next(v for k, v in persistent.items() if k.startswith("gradients"))
+    state = grad_bytes + sum(v for k, v in persistent.items() if k.startswith("AdamW"))
+    step_phase = {}
+    if layout.optimizer_offload:  # AdamW's state comes to the GPU for the step only, when no activation is left
+        adamw = next(k for k in persistent if k.startswith("AdamW"))
+        step_phase["optimizer step"] = {f"{adamw}, over from the host": persistent.pop(adamw)}
+        persistent[f"{adamw}: on the host between steps"] = 0
 
     activations = _activations(
         param_shapes,
@@ -551,6 +559,7 @@ def estimate(
             "saved activations": kept,
             "one layer's recompute + backward": activations["transient"] + (activations["one_layer"] if every else 0),
         },
+        **step_phase,
     }
     peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
     breakdown = {
@@ -562,7 +571,6 @@ def estimate(
     peak = sum(breakdown.values())
     margin = FRAGMENTATION * peak + CUDA_CONTEXT_BYTES + (NCCL_BYTES if world_size > 1 else 0)
     card, total = gpu_mem_gb * GiB, peak + margin
-    state = grad_bytes + sum(v for k, v in persistent.items() if k.startswith("AdamW"))
     strategy, reason = _strategy(total, state, card, dp)
     ring = 2 * (dp - 1) / dp
     return {
@@ -579,6 +587,7 @@ def estimate(
             ckpt_every=layout.ckpt_every,
             ce_chunk_tokens=layout.ce_chunk_tokens,
             offload=layout.offload,
+            optimizer_offload=layout.optimizer_offload,
             compiled=compiled,
             full=full,
             train_embeddings=train_embeddings,
@@ -636,13 +645,15 @@ def candidate_layouts(samples_per_step: int) -> list[Layout]:
     """Every layout the planner may choose for `samples_per_step` samples per GPU per optimizer step, fastest
     first. Speed order, from the H200 measurements: less recomputation first (no checkpointing, then every
     4th, 2nd, every layer, then every layer with its input offloaded to host memory), then larger
-    micro-batches (dividing samples_per_step), then larger loss chunks."""
+    micro-batches (dividing samples_per_step), then larger loss chunks, then AdamW's state on the GPU before
+    in host memory (two PCIe copies of 8 bytes per adapter parameter each step)."""
     return [
-        Layout(micro_batch=micro, ckpt_every=every, offload=offload, ce_chunk_tokens=chunk)
+        Layout(micro_batch=micro, ckpt_every=every, offload=offload, ce_chunk_tokens=chunk, optimizer_offload=host)
         for every, offload in ((0, False), (4, False), (2, False), (1, False), (1, True))
         for micro in (8, 4, 2, 1)
         if samples_per_step % micro == 0
         for chunk in (1024, 256, 64)
+        for host in (False, True)
     ]
 
 
@@ -673,7 +684,9 @@ def attention_of(run) -> str:
 
 def layout_of(run) -> Layout:
     """The layout a train_ddp.py run's settings describe (any object with its constant names)."""
-    return Layout(run.MICRO_BATCH, run.GRADIENT_CHECKPOINTING, run.CHECKPOINT_OFFLOAD, run.CE_CHUNK_TOKENS)
+    return Layout(
+        run.MICRO_BATCH, run.GRADIENT_CHECKPOINTING, run.CHECKPOINT_OFFLOAD, run.CE_CHUNK_TOKENS, run.OPTIMIZER_OFFLOAD
+    )
 
 
 def estimate_run(run, param_shapes: dict, text_config: dict, world_size: int, **kwargs) -> dict:
@@ -731,6 +744,7 @@ def plan_run(run, world_size: int) -> tuple[dict, str]:
         "GRADIENT_CHECKPOINTING": layout.ckpt_every,
         "CHECKPOINT_OFFLOAD": layout.offload,
         "CE_CHUNK_TOKENS": layout.ce_chunk_tokens,
+        "OPTIMIZER_OFFLOAD": layout.optimizer_offload,
     }
     return chosen, f"MEMORY_TARGET_GIB={run.MEMORY_TARGET_GIB}: predicted peak {plan['peak_bytes'] / GiB:.1f} GiB"
 
@@ -779,6 +793,7 @@ def format_report(result: dict) -> str:
         f"\nPer GPU: {mode}{', layers compiled' if s['compiled'] else ''}, micro-batch {s['micro_batch']} x "
         f"{s['seq_len']} tokens, "
         f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
+        + ("AdamW state on the host between steps, " if s["optimizer_offload"] else "")
         + (f"loss in chunks of {s['ce_chunk_tokens']} tokens" if s["ce_chunk_tokens"] else "loss over all logits")
         + f", TP {s['tp']}, DP {s['dp']}"
     )
@@ -852,6 +867,12 @@ def parser() -> argparse.ArgumentParser:
         help="checkpointed layers keep their input in pinned host memory (CHECKPOINT_OFFLOAD)",
     )
     ap.add_argument(
+        "--optimizer-offload",
+        action="store_true",
+        default=DEFAULT_LAYOUT.optimizer_offload,
+        help="AdamW's state in pinned host memory between steps (OPTIMIZER_OFFLOAD)",
+    )
+    ap.add_argument(
         "--ce-chunk-tokens",
         type=int,
         default=DEFAULT_LAYOUT.ce_chunk_tokens,
@@ -884,6 +905,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
         ckpt_every=args.ckpt_every,
         offload=args.ckpt_offload,
         ce_chunk_tokens=args.ce_chunk_tokens,
+        optimizer_offload=args.optimizer_offload,
     )
 
 

@@ -197,6 +197,8 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     model = T.wrap_ddp(T.CausalLMLoss(peft_model, run.CE_CHUNK_TOKENS, compiled=run.COMPILE_LAYERS), device)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=run.LR, fused=device.type == "cuda")
+    if run.OPTIMIZER_OFFLOAD:  # its state's trips to the host and back are part of each step
+        T.optimizer_state_on_host(optimizer)
     collate = (
         PackCollate(tokenizer.pad_token_id, run.MAX_LEN)
         if run.PACKING

@@ -77,9 +77,10 @@ class Config:
     LORA_TARGETS: str = memory_budget.DEFAULT_TARGETS
     GRADIENT_CHECKPOINTING: int = 1  # checkpoint every Nth decoder layer: 1 all, 2 half, 0 none
     CHECKPOINT_OFFLOAD: bool = False  # keep checkpointed layer inputs in pinned host memory
+    OPTIMIZER_OFFLOAD: bool = False  # keep AdamW's moments in pinned host memory between optimizer steps
     # Per-GPU memory target (GiB of allocated memory). When set, memory_budget.py picks MICRO_BATCH (keeping
-    # MICRO_BATCH*ACCUM_STEPS), GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD and CE_CHUNK_TOKENS: the fastest
-    # layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
+    # MICRO_BATCH*ACCUM_STEPS), GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS and OPTIMIZER_OFFLOAD:
+    # the fastest layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
     MEMORY_TARGET_GIB: float = 0.0
     # Global layers (head_dim 512) of right-padded batches: "auto" = ffpa on a GPU with ffpa-attn installed,
     # else sdpa (causal, no dense mask); or "ffpa", "sdpa" (attention.py). Sliding layers always use SDPA.
@@ -294,8 +295,7 @@ def checkpointed(forward, offload: bool, *args, **kwargs):
 
 def to_host(tensor: torch.Tensor) -> tuple:
     """CHECKPOINT_OFFLOAD: what checkpointing keeps of a layer (its input) goes to pinned host memory."""
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-    return tensor.device, host.copy_(tensor.detach(), non_blocking=True), tensor.requires_grad
+    return tensor.device, pinned_copy(tensor.detach()), tensor.requires_grad
 
 
 def from_host(saved: tuple) -> torch.Tensor:
@@ -303,6 +303,29 @@ def from_host(saved: tuple) -> torch.Tensor:
     trace (and save for backward) another graph than in the forward pass (torch's save_on_cpu loses it)."""
     device, host, requires_grad = saved
     return host.to(device, non_blocking=True).requires_grad_(requires_grad)
+
+
+def optimizer_state_on_host(optimizer: torch.optim.Optimizer) -> None:
+    """OPTIMIZER_OFFLOAD: AdamW's state (8 bytes per adapter parameter) waits in pinned host memory while the
+    forward and backward need the GPU, and comes over for each step only (two PCIe copies per step). Called
+    after a resume's load_state_dict, which puts the state on the GPU."""
+
+    def move(to_gpu: bool) -> None:
+        for param, state in optimizer.state.items():
+            for key, value in state.items():
+                state[key] = value.to(param.device, non_blocking=True) if to_gpu else pinned_copy(value)
+        if not to_gpu and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the host copies are whole before anything reads them (a checkpoint)
+
+    move(to_gpu=False)
+    optimizer.register_step_pre_hook(lambda *_: move(to_gpu=True))
+    optimizer.register_step_post_hook(lambda *_: move(to_gpu=False))
+
+
+def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in host memory, pinned on a GPU machine so that copies both ways run asynchronously."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+    return host.copy_(tensor, non_blocking=True)
 
 
 def wrap_ddp(loss_module: CausalLMLoss, device: torch.device) -> DDP:
@@ -632,6 +655,8 @@ def main() -> None:
         if (resume := check_same_checkpoint(resume)) is not None:
             progress = load_checkpoint(resume, peft_model, optimizer)
             say(f"resumed from {resume} at step {progress['step']}")
+        if cfg.OPTIMIZER_OFFLOAD:
+            optimizer_state_on_host(optimizer)
         scheduler = lr_schedule(optimizer, cfg, total_steps, steps_taken=progress["step"])
         position = watchdog.position  # where the loop is, for every report
         position.current = position.completed = progress["step"]

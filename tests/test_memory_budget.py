@@ -71,9 +71,11 @@ def header_only_12b(tmp_path_factory, shapes_12b):
     return folder
 
 
-def budget(shapes, text, *, micro_batch=1, ckpt_every=1, offload=False, ce_chunk_tokens=0, **kw):
+def budget(
+    shapes, text, *, micro_batch=1, ckpt_every=1, offload=False, ce_chunk_tokens=0, optimizer_offload=False, **kw
+):
     """SPEC's reference layout unless told otherwise: every layer checkpointed, the loss over all logits."""
-    layout = mb.Layout(micro_batch=micro_batch, ckpt_every=ckpt_every, offload=offload, ce_chunk_tokens=ce_chunk_tokens)
+    layout = mb.Layout(micro_batch, ckpt_every, offload, ce_chunk_tokens, optimizer_offload)
     return mb.estimate(shapes, text, layout, **{"seq_len": 2048, **kw})
 
 
@@ -147,6 +149,18 @@ def test_checkpointing_trades_activations(shapes_12b, text_12b):
     assert on["activations_ckpt_bytes"] < 0.1 * on["activations_no_ckpt_bytes"]
     assert off["peak_bytes"] - on["peak_bytes"] > 25 * GB
     assert sum(on["activation_terms"].values()) == sum(on["layer_saved_bytes"])
+
+
+def test_the_optimizer_offload_takes_adamws_state_off_the_peak_and_back_for_the_step(shapes_12b, text_12b):
+    frugal = dict(offload=True, ce_chunk_tokens=256)
+    on_gpu, on_host = (budget(shapes_12b, text_12b, **frugal, optimizer_offload=o) for o in (False, True))
+    state = 8 * on_gpu["lora_params"]  # two FP32 moments per adapter parameter
+    assert on_gpu["peak_bytes"] - on_host["peak_bytes"] == state
+    assert on_host["peak_phase"] == on_gpu["peak_phase"] != "optimizer step"
+    # the step itself, with the state over from the host, is everything that persists: no activation is left
+    step = budget(shapes_12b, text_12b, **frugal, optimizer_offload=True, seq_len=8)
+    assert step["peak_phase"] == "optimizer step"
+    assert step["peak_bytes"] == sum(on_gpu["bytes"].values()) + mb.CUBLAS_WORKSPACE_BYTES
 
 
 def test_full_finetuning_is_16_bytes_per_param_and_needs_sharding(shapes_12b, text_12b):
@@ -418,6 +432,7 @@ def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
         t.LORA_TARGETS,
     )
     assert (d.ckpt_every, d.ckpt_offload) == (t.GRADIENT_CHECKPOINTING, t.CHECKPOINT_OFFLOAD) == (1, False)
+    assert d.optimizer_offload == t.OPTIMIZER_OFFLOAD is False
     trainers = mb.layout_of(t)
     assert mb.layout_from_args(d) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
     mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
@@ -435,6 +450,7 @@ def cli_options(layout: mb.Layout, accum: int) -> list[str]:
         "--ckpt-every",
         str(layout.ckpt_every),
         *(["--ckpt-offload"] if layout.offload else []),
+        *(["--optimizer-offload"] if layout.optimizer_offload else []),
         "--ce-chunk-tokens",
         str(layout.ce_chunk_tokens),
     ]
@@ -442,14 +458,14 @@ def cli_options(layout: mb.Layout, accum: int) -> list[str]:
 
 def test_cli_options_describe_every_layout_the_planner_can_choose():
     candidates = mb.candidate_layouts(8)
-    assert len(candidates) == 5 * 4 * 3 and len(set(candidates)) == len(candidates)
+    assert len(candidates) == 5 * 4 * 3 * 2 and len(set(candidates)) == len(candidates)
     for layout in candidates:
         args = mb.parser().parse_args(["model", *cli_options(layout, 8 // layout.micro_batch)])
         assert mb.layout_from_args(args) == layout
     assert mb.parser().parse_args(["model", "--no-grad-ckpt"]).ckpt_every == 0
 
 
-PLAN_TARGETS_GIB = (25, 30, 40, 45, 50, 60, 130)
+PLAN_TARGETS_GIB = (24.5, 25, 30, 40, 45, 50, 60, 130)
 
 
 @pytest.mark.parametrize("target_gib", PLAN_TARGETS_GIB)
@@ -464,12 +480,14 @@ def test_cli_predicts_the_peak_of_each_planned_layout(capsys, shapes_12b, target
     assert mb.main([str(CONFIG_12B), "--json", "--seq-len", "2048", *cli_options(layout, plan["accum"])]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["peak_bytes"] == plan["peak_bytes"] and r["global_batch"] == 8
-    assert {k: r["settings"][k] for k in ("micro_batch", "ckpt_every", "offload", "ce_chunk_tokens")} == vars(layout)
+    names = ("micro_batch", "ckpt_every", "offload", "ce_chunk_tokens", "optimizer_offload")
+    assert {k: r["settings"][k] for k in names} == vars(layout)
 
 
 def test_planner_choices_span_the_layouts(shapes_12b):
-    """PLAN_TARGETS_GIB reach offload, checkpointing of every layer / 2nd / 4th / none, micro-batches 1, 2
-    and 8, loss chunks of 256 and 1024."""
+    """PLAN_TARGETS_GIB reach both offloads, checkpointing of every layer / 2nd / 4th / none, every micro-batch
+    and loss chunk. AdamW's state goes to the host before the layer inputs do (two copies a step, not two a
+    layer)."""
     plans = {
         t: mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), t, seq_len=2048, samples_per_step=8)[
             "layout"
@@ -477,8 +495,10 @@ def test_planner_choices_span_the_layouts(shapes_12b):
         for t in PLAN_TARGETS_GIB
     }
     assert {p.ckpt_every for p in plans.values()} == {0, 1, 2, 4}
-    assert plans[25].offload and {p.micro_batch for p in plans.values()} == {1, 2, 8}
-    assert {p.ce_chunk_tokens for p in plans.values()} == {256, 1024}
+    assert plans[24.5].offload and plans[24.5].optimizer_offload
+    assert plans[25].optimizer_offload and not plans[25].offload and not plans[130].optimizer_offload
+    assert {p.micro_batch for p in plans.values()} == {1, 2, 4, 8}
+    assert {p.ce_chunk_tokens for p in plans.values()} == {64, 256, 1024}
     with pytest.raises(ValueError, match="no layout fits 20 GiB"):
         mb.plan_for_memory_target(shapes_12b, mb.load_config(CONFIG_12B), 20, seq_len=2048, samples_per_step=8)
 

@@ -607,6 +607,18 @@ def test_a_finished_run_that_ended_mid_epoch_stays_finished_even_when_its_data_c
     assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]  # nothing trained again
 
 
+def test_a_resume_with_the_optimizer_state_on_the_host_continues_the_reference_bitwise(tmp_path, data, reference):
+    """OPTIMIZER_OFFLOAD is a layout, not a training setting: from the reference's step 4, steps 5 and 6 with
+    AdamW's state in host memory between steps end on the reference's adapter."""
+    out = tmp_path / "out"
+    copy_checkpoints(reference, out)
+    shutil.rmtree(out / "checkpoints" / "step-00000006")
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, OPTIMIZER_OFFLOAD="1"))
+    assert run.returncode == 0 and resumed_step(run.output) == 4, run.output[-3000:]
+    assert "OPTIMIZER_OFFLOAD=True" in run.output  # the effective settings say so
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
 def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, data, reference):
     out = tmp_path / "out"
     copy_checkpoints(reference, out)

@@ -490,6 +490,57 @@ def test_an_offloaded_layer_input_comes_back_as_it_left():
     assert not T.from_host(T.to_host(layer_input.detach())).requires_grad
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_optimizer_state_on_the_host_takes_the_same_steps_and_resumes(device):
+    """OPTIMIZER_OFFLOAD: between steps AdamW's state is in (pinned) host memory, not on the device, also right
+    after a resume's load_state_dict; the steps are bitwise those with the state on the device."""
+    torch.manual_seed(0)
+    start = [torch.randn(64, 16, device=device), torch.randn(16, device=device)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(4)]
+
+    def adamw(params, state=None, on_host=True):
+        optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=device == "cuda")
+        if state is not None:
+            optimizer.load_state_dict(state)
+        if on_host:
+            T.optimizer_state_on_host(optimizer)
+        return optimizer
+
+    def train(params, optimizer, steps):
+        for step_grads in steps:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def on_host(optimizer) -> bool:
+        kept = [v for state in optimizer.state.values() for v in state.values()]
+        assert len(kept) == 3 * len(start)  # step, exp_avg, exp_avg_sq
+        return all(v.device.type == "cpu" and (v.is_pinned() or device == "cpu") for v in kept)
+
+    reference = [p.clone().requires_grad_() for p in start]
+    train(reference, adamw(reference, on_host=False), grads)
+    params = [p.clone().requires_grad_() for p in start]
+    optimizer = adamw(params)
+    train(params, optimizer, grads[:2])
+    assert on_host(optimizer)
+    resumed = [p.detach().clone().requires_grad_() for p in params]
+    resumed_optimizer = adamw(resumed, optimizer.state_dict())
+    assert on_host(resumed_optimizer)
+    train(resumed, resumed_optimizer, grads[2:])
+    for ours, theirs in zip(resumed, reference, strict=True):
+        assert torch.equal(ours, theirs)
+
+
 def test_checkpointed_compiled_layers_stay_within_the_recompile_limit(tokenizer, tmp_path):
     """12 layers (2 global), forward and recompute, at two padded widths: within torch's 8 compiles per code
     object, because the layers that write shared_kv_states (its contents differ in the recompute) run eagerly.
