@@ -14,7 +14,7 @@ export MODEL_CONFIG=configs/gemma-4-12b.json DATA_PATH=/tmp/mix/train.jsonl EVAL
 export MEMORY_TARGET_GIB=130 COMPILE_LAYERS=0 EPOCHS=1 MAX_STEPS=60 PACKING=$([ "$mode" = packed ] && echo 1 || echo 0)
 cold() { export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d); }
 cold; CUDA_VISIBLE_DEVICES=0 timeout 130 python3 time_budget.py --gpus-per-node 1 2 --warmup 1 --steps 2 --json $OUT/predicted_$mode.json > $OUT/time_budget_$mode.log 2>&1; echo "== time_budget $mode: exit $?"
-for n in 1 2; do
+for n in ${GPUS:-1 2}; do  # GPUS=1 on a one-GPU machine
   cold; OUTPUT_DIR=/tmp/run_${mode}_$n timeout 230 torchrun --standalone --nproc_per_node=$n train_ddp.py > $OUT/run_${mode}_${n}gpu.log 2>&1; echo "== job $mode on $n GPU(s): exit $?"
   cp /tmp/run_${mode}_$n/metrics.jsonl $OUT/metrics_${mode}_${n}gpu.jsonl
 done
