@@ -4,5 +4,5 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
 timeout 90 python3 bench_results/issue24/sliding_kernels.py --batch 4 > $OUT/sliding_kernels.txt 2>&1; echo "== sliding kernels: exit $?"
-GPUS=1 bash bench_results/issue25/x2_call.sh packed
+GPUS=1 bash bench_results/issue25/x2_call.sh packed  # (x2_call.sh as it was at 0bafd94: predict, then the jobs on $GPUS)
 cat $OUT/sliding_kernels.txt | tail -8
