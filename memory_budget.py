@@ -387,9 +387,10 @@ def _activations(
     )
     masked = [dense_masks or (layer["sliding"] and window is not None and seq_len >= window) for layer in layers]
     # train_ddp.py's global layers (attention.py) take a right-padded batch without a mask: "sdpa" with
-    # is_causal (K/V still repeated at head_dim > 256), "ffpa" with grouped K/V; "masked" is transformers' path.
-    # "flex": packed rows, every layer on flex_attention's block masks (no dense mask, grouped K/V).
-    fast = [attention == "flex" or (attention != "masked" and not layer["sliding"]) for layer in layers]
+    # is_causal (K/V still repeated at head_dim > 256), "ffpa" with grouped K/V, and with "ffpa" the sliding layers
+    # too (FlashAttention-2's window, grouped K/V); "masked" is transformers' path. "flex": packed rows, every layer
+    # on flex_attention's block masks (no dense mask, grouped K/V).
+    fast = [attention in ("ffpa", "flex") or (attention == "sdpa" and not layer["sliding"]) for layer in layers]
     per_layer = [
         _layer_saved_per_token(
             layer,
@@ -412,10 +413,10 @@ def _activations(
         "all_layers": sum(saved) + sum(casts),
         "casts": casts,
         "one_layer": max(s + c for s, c in zip(saved, casts, strict=True)),
-        # the boolean masks transformers builds once per layer type and keeps to the end of backward
+        # the boolean masks transformers builds once per layer type, kept to the end of backward where SDPA takes them
         "masks": micro_batch
         * seq_len**2
-        * len({layer["sliding"] for layer, m in zip(layers, masked, strict=True) if m}),
+        * len({layer["sliding"] for layer, m, f in zip(layers, masked, fast, strict=True) if m and not f}),
         "boundaries": len(layers) * 2 * hidden * tokens,  # checkpointing keeps each layer's BF16 input
         # the final norm's FP32 input; chunked loss (a gathered copy) or a trainable lm_head keep its BF16 output
         "final_norm": 4 * hidden * tokens

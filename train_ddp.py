@@ -82,8 +82,9 @@ class Config:
     # MICRO_BATCH*ACCUM_STEPS), GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, CE_CHUNK_TOKENS and OPTIMIZER_OFFLOAD:
     # the fastest layout predicted to fit. E.g. 24.5 = frugal, 130 = fast on an H200; 0 = use the constants as set.
     MEMORY_TARGET_GIB: float = 0.0
-    # Global layers (head_dim 512) of right-padded batches: "auto" = ffpa on a GPU with ffpa-attn installed,
-    # else sdpa (causal, no dense mask); or "ffpa", "sdpa" (attention.py). Sliding layers always use SDPA.
+    # Right-padded batches: "ffpa" = global layers (head_dim 512) on ffpa-attn, sliding layers on FlashAttention-2's
+    # native window; "sdpa" = SDPA, causal without a mask in global layers; "auto" = ffpa on a GPU with ffpa-attn
+    # installed, else sdpa (attention.py).
     ATTENTION_KERNEL: str = "auto"
     COMPILE_LAYERS: bool = False  # torch.compile each decoder layer (regional): fuses norms, rotary, gelu
     CE_CHUNK_TOKENS: int = 1024  # loss over target positions only, in chunks; 0 = full FP32 logits

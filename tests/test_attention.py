@@ -109,19 +109,23 @@ def test_no_query_of_a_right_padded_batch_is_left_without_keys(tokenizer, tiny_m
     assert keyless and not any(keyless)
 
 
-@pytest.mark.parametrize("case", ["sliding layer", "attention dropout", "not right-padded"])
+@pytest.mark.parametrize(
+    "case", ["sliding layer, sdpa", "sliding layer on a CPU", "attention dropout", "not right-padded"]
+)
 def test_everything_else_keeps_transformers_masked_sdpa(monkeypatch, case):
-    """Only a global, causal, dropout-free layer of a right-padded batch drops its mask."""
+    """Only a causal, dropout-free layer of a right-padded batch drops its mask: a global one, or with ffpa on a GPU
+    a sliding one (FlashAttention-2's window)."""
     calls = []
     monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append((a[4], k)) or (None, None))
     q = torch.zeros(1, 4, 8, 16)
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     kwargs = {
-        "sliding layer": {"sliding_window": 4, "right_padded": True},
+        "sliding layer, sdpa": {"sliding_window": 4, "right_padded": True, "kernel": "sdpa"},
+        "sliding layer on a CPU": {"sliding_window": 4, "right_padded": True},
         "attention dropout": {"dropout": 0.1, "right_padded": True},
         "not right-padded": {"right_padded": False},
     }[case]
-    attention.attention(torch.nn.Module(), q, q, q, mask, kernel="ffpa", **kwargs)
+    attention.attention(torch.nn.Module(), q, q, q, mask, **{"kernel": "ffpa", **kwargs})
     assert calls and calls[0][0] is mask  # SDPA got the mask; FFPA (not importable here) was never called
 
 
@@ -240,3 +244,27 @@ def test_packed_rows_match_the_unpacked_rows_at_12b_shapes():
     packed = T.on_device(packing.PackCollate(0, 2048)([conversations]), torch.device("cuda"))
     unpacked.pop("right_padded"), packed.pop("right_padded")
     assert_as_close_as_sdpa_bf16("packed flex", models, unpacked, packed, right_padded=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_sliding_layers_on_flash_windows_match_sdpa_at_12b_shapes(monkeypatch, compiled):
+    """With ffpa, the sliding layer of right-padded rows runs FlashAttention-2's native window: as close to the FP32
+    masked reference as SDPA's BF16 path, beside a short row whose padding runs past the window (512 here).
+    Compiled as COMPILE_LAYERS compiles it, inside the layer's graph (no graph break)."""
+    pytest.importorskip("ffpa_attn")
+    calls = []
+    real = attention.SlidingWindowFlash.apply
+    monkeypatch.setattr(attention.SlidingWindowFlash, "apply", lambda *a: calls.append(a[3]) or real(*a))
+    models = models_at_12b_shapes("ffpa")
+    sliding = models[1].get_base_model().get_decoder().layers[0]
+    if compiled:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        sliding.forward = torch.compile(sliding.forward)
+    inputs = random_right_padded(models[0], [1536, 300])
+    assert_as_close_as_sdpa_bf16(f"flash window, {'compiled' if compiled else 'eager'}", models, inputs, inputs, True)
+    assert calls == [512] or compiled  # traced once into the compiled graph, where the spy does not run
+    if compiled:
+        assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])

@@ -373,6 +373,7 @@ def test_saved_activations_match_autograd_on_cpu(compiled):
         seq_len=256,
         lora_r=8,
         lora_dropout=0.0,
+        attention="sdpa",  # sliding layers on transformers' masked SDPA, as here (the one global layer: within 2%)
         compiled=compiled,
     )
     predicted = sum(r["layer_saved_bytes"]) + 2 * r["lora_params"]  # + autocast's BF16 adapter copies
@@ -465,7 +466,7 @@ def test_cli_options_describe_every_layout_the_planner_can_choose():
     assert mb.parser().parse_args(["model", "--no-grad-ckpt"]).ckpt_every == 0
 
 
-PLAN_TARGETS_GIB = (24.5, 25, 30, 40, 45, 50, 60, 130)
+PLAN_TARGETS_GIB = (24.2, 24.5, 25, 30, 40, 45, 50, 60, 130)
 
 
 @pytest.mark.parametrize("target_gib", PLAN_TARGETS_GIB)
@@ -542,15 +543,19 @@ def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
     assert mb.param_shapes_from_model(peft_model.get_base_model()) == before
 
 
-def test_the_global_layers_kernel_drops_their_mask_bias_and_then_their_repeated_kv(shapes_12b, text_12b):
+def test_the_fast_kernels_drop_the_mask_bias_and_the_repeated_kv(shapes_12b, text_12b):
     """8 global layers of 16 query and 2 KV heads of 512: SDPA is_causal saves the 2-byte mask bias per
-    (token, key); FFPA also the BF16 copy of K and V repeated from 2 to 16 heads."""
+    (token, key); ffpa also the BF16 copy of K and V repeated from 2 to 16 heads, and in the 40 sliding layers
+    (8 KV heads of 256, window 1,024 < 2,048 tokens) FlashAttention-2's window both, and the boolean mask."""
     peak = {
         a: budget(shapes_12b, text_12b, ckpt_every=0, attention=a)["peak_bytes"] for a in ("masked", "sdpa", "ffpa")
     }
-    tokens, global_layers = 2048, 8
-    assert peak["masked"] - peak["sdpa"] == global_layers * tokens * 2 * 2048
-    assert peak["sdpa"] - peak["ffpa"] == global_layers * tokens * 2 * 2 * (16 - 2) * 512
+    tokens, global_layers, sliding_layers = 2048, 8, 40
+    boolean_mask = tokens**2  # one per layer type that takes one, kept to the end of backward
+    assert peak["masked"] - peak["sdpa"] == global_layers * tokens * 2 * 2048 + boolean_mask
+    global_repeat = global_layers * tokens * 2 * 2 * (16 - 2) * 512
+    sliding = sliding_layers * tokens * (2 * 2048 + 2 * 2 * (16 - 8) * 256) + boolean_mask
+    assert peak["sdpa"] - peak["ffpa"] == global_repeat + sliding
 
 
 def test_a_hub_id_that_cannot_be_reached_is_one_line(tmp_path):
@@ -575,8 +580,7 @@ def test_packed_rows_are_planned_on_flex_in_every_layer(shapes_12b, text_12b):
     packed = T.Config(ATTENTION_KERNEL="ffpa", PACKING=True, GRADIENT_CHECKPOINTING=0)
     expected = mb.estimate(shapes_12b, config, mb.layout_of(packed), seq_len=2048, accum=8, attention="flex")
     assert mb.estimate_run(packed, shapes_12b, config, 1)["peak_bytes"] == expected["peak_bytes"]
+    # the same as ffpa on right-padded rows (sliding layers on FlashAttention-2's window), less than SDPA's masks
     ffpa = budget(shapes_12b, text_12b, ckpt_every=0, attention="ffpa")["peak_bytes"]
     flex = budget(shapes_12b, text_12b, ckpt_every=0, attention="flex")["peak_bytes"]
-    tokens, sliding = 2048, 40
-    mask_bias, repeated_kv = 2 * 2048, 2 * 2 * (16 - 8) * 256  # per token and sliding layer, in bytes
-    assert ffpa - flex == sliding * tokens * (mask_bias + repeated_kv)
+    assert flex == ffpa < budget(shapes_12b, text_12b, ckpt_every=0, attention="sdpa")["peak_bytes"]
