@@ -110,10 +110,10 @@ def attention(
         if dropout > 0:
             raise ValueError("packed rows run flex_attention, which has no attention dropout")
         return _flex(query, key, value, attention_mask, scaling), None
-    windowed = kernel == "ffpa" and sliding_window is not None and query.is_cuda and query.shape[-1] <= 256
-    if right_padded and windowed and dropout == 0 and getattr(module, "is_causal", True):
+    maskless = right_padded and dropout == 0 and getattr(module, "is_causal", True)  # the argument above holds
+    if maskless and sliding_window is not None and kernel == "ffpa" and query.is_cuda and query.shape[-1] <= 256:
         return SlidingWindowFlash.apply(query, key, value, sliding_window, scaling), None
-    if not right_padded or sliding_window is not None or dropout > 0 or not getattr(module, "is_causal", True):
+    if not maskless or sliding_window is not None:
         return sdpa_attention_forward(
             module,
             query,
