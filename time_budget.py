@@ -280,6 +280,18 @@ def main(argv=None) -> None:
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
+    import train_ddp  # noqa: F401 (torch, transformers and the trainer's own modules)
+    from guards import InputError
+
+    imports_s = time.perf_counter() - began
+    try:
+        report(args, imports_s)
+    except InputError as e:  # the data, MODEL_ID's tokenizer, a setting: one line, as the trainer says it
+        raise SystemExit(f"error: {e}") from None
+
+
+def report(args: argparse.Namespace, imports_s: float) -> None:
+    """Measure on this machine's first device, model every configuration of `args`, print the tables."""
     import torch
 
     import memory_budget
@@ -289,7 +301,6 @@ def main(argv=None) -> None:
     from guards import InputError
     from packing import rows_of_epoch
 
-    imports_s = time.perf_counter() - began
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
     if device.type == "cuda":

@@ -1,6 +1,7 @@
 """time_budget.py: the arithmetic, the epoch cut as the trainer cuts it, and one run on the tiny model (CPU)."""
 
 import json
+import re
 import time
 from dataclasses import replace
 
@@ -215,6 +216,25 @@ def test_data_that_fill_no_step_of_any_configuration_stop_it_before_measuring(mo
         TB.main(["--gpus-per-node", "16", "--nodes", "2"])  # 96 rows; one step of 32 ranks takes 256
     assert str(sample_data_path) in str(stop.value) and "2 x 16" in str(stop.value)
     assert "skipped 2 x 16 (32 ranks): " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("DATA_PATH", "bad.jsonl", r"bad\.jsonl:2: not valid JSON"),
+        ("EVAL_PATH", "bad.jsonl", r"bad\.jsonl:2: not valid JSON"),
+        ("MICRO_BATCH", "0", r"MICRO_BATCH"),
+    ],
+)
+def test_bad_input_is_one_line_as_the_trainer_says_it(monkeypatch, tmp_path, sample_data_path, setting, value, message):
+    """What the trainer refuses with one line (guards.InputError), time_budget refuses the same way, no traceback."""
+    (tmp_path / "bad.jsonl").write_text(sample_data_path.read_text().splitlines()[0] + '\n{"messages": [}\n')
+    monkeypatch.setenv("DATA_PATH", str(sample_data_path))
+    monkeypatch.setenv(setting, str(tmp_path / value) if value.endswith(".jsonl") else value)
+    monkeypatch.setattr(TB, "measure", lambda *a: pytest.fail("measured with bad input"))
+    with pytest.raises(SystemExit) as stop:
+        TB.main(["--gpus-per-node", "1"])
+    assert re.search(r"^error: .*" + message, str(stop.value)), stop.value
 
 
 class Measuring(Exception):
