@@ -83,10 +83,12 @@ def choose(kernel: str, device: torch.device, packing: bool = False) -> tuple[st
 
 
 def register(kernel: str) -> str:
-    """Route the global layers of right-padded batches to `kernel` (from choose()); returns the
-    attn_implementation to load the model with. The masks stay exactly SDPA's."""
+    """Route the global layers of right-padded batches to `kernel` (from choose()), and with ffpa their sliding
+    layers to FlashAttention-2's window where this GPU runs it (Ampere or newer; else SDPA with the mask); returns
+    the attn_implementation to load the model with. The masks stay exactly SDPA's."""
     assert kernel in KERNELS[1:], f"register() takes choose()'s kernel, not {kernel!r}"
-    AttentionInterface.register(IMPLEMENTATION, functools.partial(attention, kernel=kernel))
+    window = kernel == "ffpa" and torch.cuda.get_device_capability() >= (8, 0)
+    AttentionInterface.register(IMPLEMENTATION, functools.partial(attention, kernel=kernel, sliding_flash=window))
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
     return IMPLEMENTATION
 
@@ -99,6 +101,7 @@ def attention(
     attention_mask,
     *,
     kernel: str,
+    sliding_flash: bool = False,
     right_padded: bool = False,
     sliding_window=None,
     dropout: float = 0.0,
@@ -111,7 +114,8 @@ def attention(
             raise ValueError("packed rows run flex_attention, which has no attention dropout")
         return _flex(query, key, value, attention_mask, scaling), None
     maskless = right_padded and dropout == 0 and getattr(module, "is_causal", True)  # the argument above holds
-    if maskless and sliding_window is not None and kernel == "ffpa" and query.is_cuda and query.shape[-1] <= 256:
+    flash = sliding_flash and query.shape[-1] <= 256 and query.dtype in (torch.bfloat16, torch.float16)
+    if maskless and sliding_window is not None and flash:
         return SlidingWindowFlash.apply(query, key, value, sliding_window, scaling), None
     if not maskless or sliding_window is not None:
         return sdpa_attention_forward(

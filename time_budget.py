@@ -204,7 +204,9 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
         if run.PACKING
         else PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
     )
-    for p in params:  # the optimizer step alone (its state first, so that each length's peak includes it)
+    # the optimizer step alone; its state exists from here on, so each length's peak below includes it (with
+    # OPTIMIZER_OFFLOAD it waits on the host, as in training)
+    for p in params:
         p.grad = torch.zeros_like(p)  # zero gradients, no weight decay: the weights do not move
     optimizer.step()
     start = T.synchronized_clock(device)
@@ -306,6 +308,8 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
+    settings.check_model_source(run.MODEL_ID, run.MODEL_CONFIG)  # the trainer's own checks, before anything loads
+    settings.check_pattern("LORA_TARGETS", run.LORA_TARGETS)
     conversations = load_conversations(run.DATA_PATH)
 
     def fillable(samples: int) -> tuple[list, dict]:

@@ -308,8 +308,8 @@ def from_host(saved: tuple) -> torch.Tensor:
 
 def optimizer_state_on_host(optimizer: torch.optim.Optimizer) -> None:
     """OPTIMIZER_OFFLOAD: AdamW's state (8 bytes per adapter parameter) waits in pinned host memory while the
-    forward and backward need the GPU, and comes over for each step only (two PCIe copies per step). Called
-    after a resume's load_state_dict, which puts the state on the GPU."""
+    forward and backward need the GPU, and comes over for each step only (each state tensor copied over and
+    back). Called after a resume's load_state_dict, which puts the state on the GPU."""
 
     def move(to_gpu: bool) -> None:
         for param, state in optimizer.state.items():

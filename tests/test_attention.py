@@ -109,24 +109,29 @@ def test_no_query_of_a_right_padded_batch_is_left_without_keys(tokenizer, tiny_m
     assert keyless and not any(keyless)
 
 
-@pytest.mark.parametrize(
-    "case", ["sliding layer, sdpa", "sliding layer on a CPU", "attention dropout", "not right-padded"]
-)
-def test_everything_else_keeps_transformers_masked_sdpa(monkeypatch, case):
-    """Only a causal, dropout-free layer of a right-padded batch drops its mask: a global one, or with ffpa on a GPU
-    a sliding one (FlashAttention-2's window)."""
+CASES = {  # attention()'s keywords; sliding_flash is register()'s choice for ffpa on an Ampere-or-newer GPU
+    "sliding layer, bf16": {"sliding_window": 4, "right_padded": True, "dtype": torch.bfloat16},
+    "sliding layer, sdpa or pre-Ampere": {
+        "sliding_window": 4, "right_padded": True, "dtype": torch.bfloat16, "sliding_flash": False
+    },
+    "sliding layer, FP32": {"sliding_window": 4, "right_padded": True, "dtype": torch.float32},
+    "attention dropout": {"dropout": 0.1, "right_padded": True},
+    "not right-padded": {"right_padded": False},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_only_a_causal_dropout_free_layer_of_a_right_padded_batch_drops_its_mask(monkeypatch, case):
+    """A global one (ffpa, not importable here, or SDPA is_causal), or with ffpa a sliding one in BF16 or FP16 on
+    FlashAttention-2's window. Everything else keeps transformers' masked SDPA."""
     calls = []
-    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append((a[4], k)) or (None, None))
-    q = torch.zeros(1, 4, 8, 16)
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[4]) or (None, None))
+    monkeypatch.setattr(attention.SlidingWindowFlash, "apply", lambda *a: calls.append(("window", a[3])) or None)
+    kwargs = {"kernel": "ffpa", "sliding_flash": True, "dtype": torch.float32, **CASES[case]}
+    q = torch.zeros(1, 4, 8, 16, dtype=kwargs.pop("dtype"))
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
-    kwargs = {
-        "sliding layer, sdpa": {"sliding_window": 4, "right_padded": True, "kernel": "sdpa"},
-        "sliding layer on a CPU": {"sliding_window": 4, "right_padded": True},
-        "attention dropout": {"dropout": 0.1, "right_padded": True},
-        "not right-padded": {"right_padded": False},
-    }[case]
-    attention.attention(torch.nn.Module(), q, q, q, mask, **{"kernel": "ffpa", **kwargs})
-    assert calls and calls[0][0] is mask  # SDPA got the mask; FFPA (not importable here) was never called
+    attention.attention(torch.nn.Module(), q, q, q, mask, **kwargs)
+    assert calls == ([("window", 4)] if case == "sliding layer, bf16" else [mask])
 
 
 def test_left_padded_rows_keep_the_mask_which_they_need(tokenizer, tiny_model, global_layer_masks):
@@ -249,14 +254,12 @@ def test_packed_rows_match_the_unpacked_rows_at_12b_shapes():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_sliding_layers_on_flash_windows_match_sdpa_at_12b_shapes(monkeypatch, compiled):
-    """With ffpa, the sliding layer of right-padded rows runs FlashAttention-2's native window: as close to the FP32
-    masked reference as SDPA's BF16 path, beside a short row whose padding runs past the window (512 here).
-    Compiled as COMPILE_LAYERS compiles it, inside the layer's graph (no graph break)."""
+def test_sliding_layers_on_flash_windows_match_sdpa_at_12b_shapes(compiled):
+    """With ffpa, the sliding layer of right-padded rows runs FlashAttention-2's native window (its forward and
+    backward kernels seen by the profiler): as close to the FP32 masked reference as SDPA's BF16 path, beside a
+    short row whose padding runs past the window (512 here). Compiled as COMPILE_LAYERS compiles it, inside the
+    layer's graph (no graph break)."""
     pytest.importorskip("ffpa_attn")
-    calls = []
-    real = attention.SlidingWindowFlash.apply
-    monkeypatch.setattr(attention.SlidingWindowFlash, "apply", lambda *a: calls.append(a[3]) or real(*a))
     models = models_at_12b_shapes("ffpa")
     sliding = models[1].get_base_model().get_decoder().layers[0]
     if compiled:
@@ -264,7 +267,11 @@ def test_sliding_layers_on_flash_windows_match_sdpa_at_12b_shapes(monkeypatch, c
         torch._dynamo.utils.counters.clear()
         sliding.forward = torch.compile(sliding.forward)
     inputs = random_right_padded(models[0], [1536, 300])
-    assert_as_close_as_sdpa_bf16(f"flash window, {'compiled' if compiled else 'eager'}", models, inputs, inputs, True)
-    assert calls == [512] or compiled  # traced once into the compiled graph, where the spy does not run
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        assert_as_close_as_sdpa_bf16(
+            f"flash window, {'compiled' if compiled else 'eager'}", models, inputs, inputs, True
+        )
+    ran = {e.name for e in profile.events()}
+    assert {"aten::_flash_attention_forward", "aten::_flash_attention_backward"} <= ran
     if compiled:
         assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])

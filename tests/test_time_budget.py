@@ -224,13 +224,15 @@ def test_data_that_fill_no_step_of_any_configuration_stop_it_before_measuring(mo
         ("DATA_PATH", "bad.jsonl", r"bad\.jsonl:2: not valid JSON"),
         ("EVAL_PATH", "bad.jsonl", r"bad\.jsonl:2: not valid JSON"),
         ("MICRO_BATCH", "0", r"MICRO_BATCH"),
+        ("MODEL_ID", "no-such-model", r"MODEL_ID"),
+        ("LORA_TARGETS", "(q_proj", r"LORA_TARGETS"),
     ],
 )
 def test_bad_input_is_one_line_as_the_trainer_says_it(monkeypatch, tmp_path, sample_data_path, setting, value, message):
     """What the trainer refuses with one line (guards.InputError), time_budget refuses the same way, no traceback."""
     (tmp_path / "bad.jsonl").write_text(sample_data_path.read_text().splitlines()[0] + '\n{"messages": [}\n')
     monkeypatch.setenv("DATA_PATH", str(sample_data_path))
-    monkeypatch.setenv(setting, str(tmp_path / value) if value.endswith(".jsonl") else value)
+    monkeypatch.setenv(setting, str(tmp_path / value) if value.endswith((".jsonl", "model")) else value)
     monkeypatch.setattr(TB, "measure", lambda *a: pytest.fail("measured with bad input"))
     with pytest.raises(SystemExit) as stop:
         TB.main(["--gpus-per-node", "1"])
