@@ -12,5 +12,5 @@ timeout 170 python3 bench.py --steps 8 --run-timeout 160 --runs frugal --set COM
 PYTHONPATH=bench_results/issue24/gc_off:$PYTHONPATH timeout 170 python3 bench.py --steps 8 --run-timeout 160 --runs frugal --set COMPILE_LAYERS=1 --out /tmp/b2 > $OUT/bench-gc-off.out 2>&1; echo "== bench frugal gc off: exit $?"
 cat /tmp/b1/bench.log /tmp/b2/bench.log > $OUT/bench.log
 grep -E "passed|failed" $OUT/gpu-attention.out | tail -3; tail -n 1 $OUT/gpu-offload.out
-for f in /tmp/b1 /tmp/b2; do echo "== $f"; grep -E "^step" $f/bench.log | cut -d'|' -f1,9,15; done
+for f in /tmp/b1 /tmp/b2; do echo "== $f"; grep -E "^step" $f/bench.log | cut -d"|" -f1,9,14; done
 tail -n 3 $OUT/bench-base.out; tail -n 3 $OUT/bench-gc-off.out
