@@ -14,7 +14,6 @@ memory_budget.py (the planner).
 
 import dataclasses
 import functools
-import gc
 import json
 import math
 import os
@@ -471,17 +470,6 @@ def lr_schedule(optimizer, cfg: Config, total_steps: int, steps_taken: int) -> t
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=steps_taken - 1)
 
 
-def garbage_collection_at_step_ends() -> None:
-    """Python's cyclic garbage collector, paused at random points, stalls a step whose host launches the kernels
-    (checkpointed layers, micro-batch 1: 10% of frugal's speed on an H200), and under DDP every rank then waits
-    for the one that paused. So: what setup built (the model, compiled code) is frozen out of every later scan,
-    automatic collection is off, and the loop collects at each step's end (young objects) and at each epoch's
-    start (everything), at the same point on every rank."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-
-
 def synchronized_clock(device: torch.device) -> float:
     """time.perf_counter() once the GPU has finished what was queued (step times measure the work)."""
     if device.type == "cuda":
@@ -694,13 +682,11 @@ def main() -> None:
         model.train()
         # a full micro-batch (packed: step 1's very shape)
         settle_buckets(model, train_collate([epochs[0][i] for i in range(cfg.MICRO_BATCH)]), device)
-        garbage_collection_at_step_ends()
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
         #    optimizer steps on every rank, so every collective below is entered by every rank.
         while progress["step"] < total_steps:
             epoch = progress["epoch"]
-            gc.collect()  # everything, once an epoch (the last epoch's loader iterator with it)
             skip = progress["step_in_epoch"] * cfg.ACCUM_STEPS * cfg.MICRO_BATCH  # samples already trained on
             batches = iter(train_loader(epochs[epoch], cfg, rank, world, epoch, skip, train_collate))
             while progress["epoch"] == epoch and progress["step"] < total_steps:
@@ -713,7 +699,6 @@ def main() -> None:
                     # no_sync for all but the last micro-batch; the token count is all-reduced first
                     loss_sum, counts, stopping = forward_backward(model, micro_batches, device, stop)
                 grad_norm, finite, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, step)
-                gc.collect(1)  # the step's young garbage, while the GPU finishes the optimizer step
                 step_time = synchronized_clock(device) - t0
                 progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
                 if progress["step_in_epoch"] == epoch_steps[epoch]:  # epoch end: resume starts the next epoch

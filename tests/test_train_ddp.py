@@ -1,13 +1,11 @@
 """train_ddp.py: in-process checks of its pieces, and real 2-rank gloo jobs (each bounded in time)."""
 
-import gc
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-import weakref
 
 import pytest
 import torch
@@ -490,38 +488,6 @@ def test_an_offloaded_layer_input_comes_back_as_it_left():
     assert back.requires_grad and torch.equal(back, layer_input)
     assert back.untyped_storage().data_ptr() != layer_input.untyped_storage().data_ptr()  # a copy, not the tensor
     assert not T.from_host(T.to_host(layer_input.detach())).requires_grad
-
-
-class Node:
-    """An object that refers to itself: cyclic garbage, which reference counting alone never frees."""
-
-    def __init__(self):
-        self.me = self
-
-
-def test_python_gc_never_pauses_a_step_and_the_step_end_collection_frees_its_cycles():
-    """With collection at step ends, allocating far past the collector's thresholds starts no collection (no
-    pause at a random point of a step, on one rank while the others wait); the loop's own collection of young
-    objects then frees the step's cycles."""
-    starts = []
-
-    def on_collection(phase, info):
-        if phase == "start":
-            starts.append(info["generation"])
-
-    gc.callbacks.append(on_collection)
-    try:
-        T.garbage_collection_at_step_ends()
-        assert gc.get_freeze_count() > 0  # what setup built is out of every later scan
-        starts.clear()
-        cycles = [weakref.ref(Node()) for _ in range(20 * gc.get_threshold()[0])]
-        assert starts == [] and all(ref() is not None for ref in cycles)
-        gc.collect(1)  # as the loop does at each step's end
-        assert all(ref() is None for ref in cycles)
-    finally:
-        gc.callbacks.remove(on_collection)
-        gc.enable()
-        gc.unfreeze()
 
 
 @pytest.mark.parametrize(
