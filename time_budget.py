@@ -282,13 +282,12 @@ def main(argv=None) -> None:
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
-    import train_ddp  # noqa: F401 (torch, transformers and the trainer's own modules)
-    from guards import InputError
+    import train_ddp  # torch, transformers and the trainer's own modules
 
     imports_s = time.perf_counter() - began
     try:
         report(args, imports_s)
-    except InputError as e:  # the data, MODEL_ID's tokenizer, a setting: one line, as the trainer says it
+    except train_ddp.InputError as e:  # the data, MODEL_ID's tokenizer, a setting: one line, as the trainer says it
         raise SystemExit(f"error: {e}") from None
 
 
@@ -300,7 +299,6 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     import settings
     import train_ddp as T
     from chat_data import ChatDataset, chat_tokenizer, load_conversations, tokenize_conversation
-    from guards import InputError
     from packing import rows_of_epoch
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
@@ -320,7 +318,7 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
                 try:
                     T.steps_per_epoch(samples, gpus * nodes, run)
                     configs.append((nodes, gpus))
-                except InputError as e:  # said now, not after minutes of measuring
+                except T.InputError as e:  # said now, not after minutes of measuring
                     skipped[f"{nodes} x {gpus}"] = line = (
                         f"skipped {nodes} x {gpus} ({gpus * nodes} ranks): {e}; {FEWER}"
                     )

@@ -192,13 +192,11 @@ def test_end_to_end_two_ranks(tmp_path, backend):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_short_rows_beside_long_ones_give_finite_gradients_on_gpu(tmp_path):
-    """The realistic chat mix (bench_results/issue23/make_mix.py) on the 12B cut to its first 6 layers, micro-batches
+    """The realistic chat mix (tools/make_chat_mix.py) on the 12B cut to its first 6 layers, micro-batches
     of 4, eager, one GPU: short rows share a micro-batch with long ones, so their padding runs past the sliding
     window (1,024). With a padding mask in the sliding layers, steps 1, 3 and 5 had NaN gradients and were skipped
     (bench_results/issue25/call2: 7 of 60 steps, compiled and eager alike)."""
-    subprocess.run(
-        [sys.executable, ROOT / "bench_results/issue23/make_mix.py", tmp_path / "mix.jsonl", "480"], check=True
-    )
+    subprocess.run([sys.executable, ROOT / "tools/make_chat_mix.py", tmp_path / "mix.jsonl", "480"], check=True)
     config = json.loads((ROOT / "configs" / "gemma-4-12b.json").read_text())
     text = config["text_config"]
     text.update(

@@ -2,7 +2,7 @@
 
     python bench_results/issue23/attention_kernels.py [--rows 8] [--mix realistic|short]
 
-Rows of 2,048 tokens packed with conversations drawn from make_mix.py's length distribution (token counts of the
+Rows of 2,048 tokens packed with conversations drawn from make_chat_mix.py's length distribution (token counts of the
 tiny default's tokenizer). Layers: sliding (16 heads, 8 KV heads, head_dim 256, window 1,024) and global (16
 heads, 2 KV heads, head_dim 512). Candidates:
   flex          attention.packed_masks' block masks, flex_attention compiled (what train_ddp.py runs)
@@ -27,7 +27,7 @@ LAYERS = {"sliding": (16, 8, 256, 1024), "global": (16, 2, 512, None)}  # heads,
 
 
 def conversation_lengths(rng: random.Random, short: bool) -> int:
-    """Token counts close to make_mix.py's (median ~460 realistic, ~150 short)."""
+    """Token counts close to make_chat_mix.py's (median ~460 realistic, ~150 short)."""
     if short:
         return int(min(2048, 60 + rng.lognormvariate(4.4, 0.5)))
     kind = rng.random()

@@ -3,7 +3,7 @@
 # this commit (flex) against the branch's previous commit (.before23: transformers' dense position_ids mask).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
-python3 bench_results/issue23/make_mix.py /tmp/mix.jsonl 2000
+python3 tools/make_chat_mix.py /tmp/mix.jsonl 2000
 timeout 120 python3 bench_results/issue23/attention_kernels.py --rows 8 > $OUT/kernels.txt 2>&1; echo "kernels exit $?"
 timeout 90 python3 -m pytest -q -m gpu -s tests/test_attention.py -k packed > $OUT/gpu_test.txt 2>&1; echo "gpu test exit $?"
 cp -r . /tmp/broken && sed -i 's/return (conversation\[b, q\] == conversation\[b, kv\]) & (kv <= q)/return kv <= q/' /tmp/broken/attention.py

@@ -4,8 +4,8 @@
 # realistic mix (8 rows of 2,048 per step, steps 2..6).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
-python3 bench_results/issue23/make_mix.py /tmp/mix.jsonl 2000
-python3 bench_results/issue23/make_mix.py /tmp/short.jsonl 4000 --short
+python3 tools/make_chat_mix.py /tmp/mix.jsonl 2000
+python3 tools/make_chat_mix.py /tmp/short.jsonl 4000 --short
 B="python3 bench.py --steps 8 --run-timeout 150"
 timeout 160 $B --runs fast-compile --out $OUT/fixed > $OUT/fixed.out 2>&1; echo "fixed: exit $?"
 timeout 300 $B --runs fast-compile,fast --data /tmp/mix.jsonl --set PACKING=1 --out $OUT/packed-mix > $OUT/packed-mix.out 2>&1; echo "packed mix: exit $?"

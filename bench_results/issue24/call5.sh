@@ -9,7 +9,7 @@ timeout 140 $B --runs frugal --set COMPILE_LAYERS=1 --out /tmp/b/frugal-compile 
 timeout 150 python3 bench_results/issue24/memory_peak.py MEMORY_TARGET_GIB=25 COMPILE_LAYERS=1 > /tmp/b/memory_peak.log 2>&1; echo "== memory_peak: exit $?"
 grep -A40 "^settings:" /tmp/b/memory_peak.log > $OUT/memory_peak.out
 timeout 140 $B --runs fast-compile --out /tmp/b/fast-compile > $OUT/fast-compile.out 2>&1; echo "== fast-compile: exit $?"
-python3 bench_results/issue23/make_mix.py /tmp/mix.jsonl 2000
+python3 tools/make_chat_mix.py /tmp/mix.jsonl 2000
 timeout 150 $B --runs fast-compile --data /tmp/mix.jsonl --set PACKING=1 --out /tmp/b/packed-mix > $OUT/packed-mix.out 2>&1; echo "== packed mix: exit $?"
 tar czf $OUT/logs.tgz -C /tmp/b .
 cat $OUT/memory_peak.out | cut -c1-250

@@ -5,7 +5,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
 timeout 200 python3 bench_results/issue25/nan_probe.py > $OUT/nan_probe.out 2>&1; echo "== nan_probe: exit $?"
-mkdir -p /tmp/mix && python3 bench_results/issue23/make_mix.py /tmp/mix/train.jsonl 480
+mkdir -p /tmp/mix && python3 tools/make_chat_mix.py /tmp/mix/train.jsonl 480
 python3 - <<'PY'
 import json
 c = json.load(open("configs/gemma-4-12b.json"))

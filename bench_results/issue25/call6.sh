@@ -5,7 +5,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
 ls ~/.triton/cache /tmp/torchinductor_$(whoami) 2>&1 | head -3
-mkdir -p /tmp/mix && python3 bench_results/issue23/make_mix.py /tmp/mix/train.jsonl 480 && python3 bench_results/issue23/make_mix.py /tmp/mix/eval.jsonl 32
+mkdir -p /tmp/mix && python3 tools/make_chat_mix.py /tmp/mix/train.jsonl 480 && python3 tools/make_chat_mix.py /tmp/mix/eval.jsonl 32
 export MODEL_CONFIG=configs/gemma-4-12b.json DATA_PATH=/tmp/mix/train.jsonl EVAL_PATH=/tmp/mix/eval.jsonl MAX_LEN=2048
 export MEMORY_TARGET_GIB=130 COMPILE_LAYERS=0 EPOCHS=1 OUTPUT_DIR=/tmp/run1
 timeout 230 torchrun --standalone --nproc_per_node=1 train_ddp.py > $OUT/run_1gpu_cold.log 2>&1; echo "== run: exit $?"

@@ -2,7 +2,7 @@
 #   bash bench_results/issue25/x2_call.sh MODE PART...   MODE: unpacked or packed; PART: predict, 1, 2
 # e.g. on nvidia-h200-x2, back to back in one lease: "unpacked predict 1 2", "packed predict 1", "packed 2";
 # then python bench_results/issue25/compare.py DIR (DIR: the calls' $OUT files side by side).
-# 12B (random weights), eager fast layout (MEMORY_TARGET_GIB=130), the realistic mix (make_mix.py; unpacked 960 rows,
+# 12B (random weights), eager fast layout (MEMORY_TARGET_GIB=130), the realistic mix (make_chat_mix.py; unpacked 960 rows,
 # packed 4,400 conversations, 1,423 rows of 2,048), MAX_STEPS=60 (a whole epoch on 2 GPUs, half of one on 1),
 # 32 eval rows. predict: time_budget.py (GPU 0 alone); N: the job on N GPUs, alone and with empty Triton and
 # inductor caches: time_budget predicts a cold start, as on a newly rented node (a job right after it on the same
@@ -12,7 +12,7 @@ mode=${1:?unpacked or packed}; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
 rows=$([ "$mode" = packed ] && echo 4400 || echo 960)
-mkdir -p /tmp/mix && python3 bench_results/issue23/make_mix.py /tmp/mix/train.jsonl $rows && python3 bench_results/issue23/make_mix.py /tmp/mix/eval.jsonl 32
+mkdir -p /tmp/mix && python3 tools/make_chat_mix.py /tmp/mix/train.jsonl $rows && python3 tools/make_chat_mix.py /tmp/mix/eval.jsonl 32
 export MODEL_CONFIG=configs/gemma-4-12b.json DATA_PATH=/tmp/mix/train.jsonl EVAL_PATH=/tmp/mix/eval.jsonl MAX_LEN=2048
 export MEMORY_TARGET_GIB=130 COMPILE_LAYERS=0 EPOCHS=1 MAX_STEPS=60 PACKING=$([ "$mode" = packed ] && echo 1 || echo 0)
 cold() { export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d); }

@@ -3,7 +3,7 @@
 # step_profile.py's table (traces stay on the machine: too large to bring back).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/mix && python3 bench_results/issue23/make_mix.py /tmp/mix/train.jsonl 960
+mkdir -p /tmp/mix && python3 tools/make_chat_mix.py /tmp/mix/train.jsonl 960
 export MODEL_CONFIG=configs/gemma-4-12b.json DATA_PATH=/tmp/mix/train.jsonl MAX_LEN=2048
 export MEMORY_TARGET_GIB=130 COMPILE_LAYERS=0 EPOCHS=1 MAX_STEPS=20 PROFILE_STEP=20
 for n in 1 2; do

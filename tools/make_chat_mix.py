@@ -1,6 +1,6 @@
 """A realistic chat mix for packing benchmarks (issue 23), deterministic (seed 0):
 
-    python bench_results/issue23/make_mix.py OUT.jsonl [ROWS] [--short]
+    python tools/make_chat_mix.py OUT.jsonl [ROWS] [--short]
 
 Default: 50% short instructions (one user turn and its answer), 35% medium chats with a system turn, 15% long
 multi-turn chats (3-5 exchanges); 2,000 rows measure, in the tiny default's tokens, p10/median/p90/max
