@@ -414,14 +414,15 @@ def _activations(
         "casts": casts,
         "one_layer": max(s + c for s, c in zip(saved, casts, strict=True)),
         # the boolean masks transformers builds once per layer type, kept to the end of backward where SDPA saves
-        # them or a checkpointed layer's recompute holds them (layer 0 is always checkpointed)
+        # them or a checkpointed layer's recompute holds them (layer 0 is always checkpointed); packed rows get
+        # flex_attention's block masks instead (a few KiB)
         "masks": micro_batch
         * seq_len**2
         * len(
             {
                 layer["sliding"]
                 for layer, m, f in zip(layers, masked, fast, strict=True)
-                if m and (layout.ckpt_every or not f)
+                if m and attention != "flex" and (layout.ckpt_every or not f)
             }
         ),
         "boundaries": len(layers) * 2 * hidden * tokens,  # checkpointing keeps each layer's BF16 input

@@ -597,3 +597,15 @@ def test_packed_rows_are_planned_on_flex_in_every_layer(shapes_12b, text_12b):
     ffpa = budget(shapes_12b, text_12b, ckpt_every=0, attention="ffpa")["peak_bytes"]
     flex = budget(shapes_12b, text_12b, ckpt_every=0, attention="flex")["peak_bytes"]
     assert flex == ffpa < budget(shapes_12b, text_12b, ckpt_every=0, attention="sdpa")["peak_bytes"]
+
+
+def test_a_checkpointed_layer_keeps_the_mask_its_recompute_takes(shapes_12b, text_12b):
+    """ffpa's layers take no mask, yet transformers builds Gemma4Unified's boolean one per layer type (sliding and
+    global): unsaved without checkpointing, each is an input of the checkpointed layers' recompute, so it lives to
+    the end of backward (micro_batch x 2,048^2 bytes each). Packed rows (flex) get block masks: nothing that size."""
+
+    def peak(attention, ckpt_every):
+        return budget(shapes_12b, text_12b, micro_batch=2, ckpt_every=ckpt_every, attention=attention)["peak_bytes"]
+
+    assert peak("ffpa", 0) == peak("flex", 0)
+    assert peak("ffpa", 1) - peak("flex", 1) == 2 * 2 * 2048**2  # 2 layer types, micro-batch 2
