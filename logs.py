@@ -71,7 +71,7 @@ class StepLog:
         self.packed_slots = packed_slots
         self.predict_peak_gib, self.longest = predict_peak_gib, 0
         self.rank0 = is_rank0()
-        self.steps, self.skipped = 0, []  # this process's steps, and those whose update NAN_POLICY=skip dropped
+        self.steps, self.skipped = 0, {}  # this process's steps; {step: why} of those that applied no update
         self.bar = tqdm(
             total=total_steps,
             initial=done,
@@ -80,15 +80,16 @@ class StepLog:
             disable=not self.rank0 or not sys.stderr.isatty(),
         )
 
-    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, data_wait, micro_batches):
+    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, applied, step_time, data_wait, micro_batches):
         self.bar.update(1)
         self.steps += 1
-        if not finite:
-            self.skipped.append(step)
+        if not applied:
+            no_target = counts[0] == 0
+            self.skipped[step] = "no target token" if no_target else "non-finite loss or gradient; NAN_POLICY=skip"
         self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
         check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
         logged = (self.log_every and step % self.log_every == 0) or step == self.total_steps or check_memory
-        logged = logged or not finite  # a dropped update is never silent, whatever LOG_EVERY
+        logged = logged or not applied  # a dropped update is never silent, whatever LOG_EVERY
         if not self.rank0 or not logged:
             return
         n_targets, n_tokens, n_padded = counts
@@ -98,7 +99,7 @@ class StepLog:
             "loss": loss_sum / max(n_targets, 1.0),
             "grad_norm": grad_norm,
             "lr": lr,
-            "skipped": not finite,
+            "skipped": not applied,
             "tokens_per_s": n_tokens / step_time,
             "target_tokens_per_s": n_targets / step_time,
             "step_time_s": step_time,
@@ -140,14 +141,12 @@ class StepLog:
             writer.flush()
 
     def close(self) -> None:
-        """Ends the progress bar; says how many of this run's updates a non-finite loss or gradient dropped."""
+        """Ends the progress bar; says how many of this run's steps applied no update, and why."""
         self.bar.close()
-        if self.skipped:
-            shown = ", ".join(map(str, self.skipped[:10])) + (", ..." if len(self.skipped) > 10 else "")
-            say(
-                f"warning: {len(self.skipped)} of {self.steps} steps skipped their update (non-finite loss or "
-                f"gradient; NAN_POLICY=skip): steps {shown}"
-            )
+        for why in dict.fromkeys(self.skipped.values()):
+            steps = [step for step, reason in self.skipped.items() if reason == why]
+            shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+            say(f"warning: {len(steps)} of {self.steps} steps skipped their update ({why}): steps {shown}")
 
 
 @functools.cache

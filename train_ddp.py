@@ -437,22 +437,25 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
     return loss_sum_all, (n_targets, n_tokens, n_padded), stops > 0
 
 
-def optimizer_step(optimizer, scheduler, params: list, cfg: Config, loss_sum: float, step: int) -> tuple:
-    """Clip, step, schedule. Returns (grad norm, whether the update was finite and applied, the lr it used).
-    After the all-reduce every rank holds the same averaged gradients: the same norm, the same decision."""
+def optimizer_step(optimizer, scheduler, params: list, cfg: Config, loss_sum: float, n_targets: int, step: int):
+    """Clip, step, schedule. Returns (grad norm, whether the update was applied, the lr it used). After the
+    all-reduces every rank holds the same averaged gradients and counts: the same norm, the same decision.
+    A step without a single target token on any rank (rows whose assistant turns MAX_LEN cut off) applies no
+    update: its gradient is zero, but AdamW's momentum would still move the weights."""
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.GRAD_CLIP or math.inf))
     finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
-    if finite:
-        optimizer.step()
-    elif cfg.NAN_POLICY == "stop":
+    if not finite and cfg.NAN_POLICY == "stop":
         raise guards.JobStopped(
             f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, grad norm {grad_norm}); "
             f"NAN_POLICY=stop"
         )
+    applied = finite and n_targets > 0
+    if applied:
+        optimizer.step()
     lr = scheduler.get_last_lr()[0]
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm, finite, lr
+    return grad_norm, applied, lr
 
 
 def lr_schedule(optimizer, cfg: Config, total_steps: int, steps_taken: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -698,7 +701,7 @@ def main() -> None:
                 with profiled(step == cfg.PROFILE_STEP, device, trace):
                     # no_sync for all but the last micro-batch; the token count is all-reduced first
                     loss_sum, counts, stopping = forward_backward(model, micro_batches, device, stop)
-                grad_norm, finite, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, step)
+                grad_norm, applied, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, counts[0], step)
                 step_time = synchronized_clock(device) - t0
                 progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
                 if progress["step_in_epoch"] == epoch_steps[epoch]:  # epoch end: resume starts the next epoch
@@ -706,7 +709,7 @@ def main() -> None:
                 position.completed = step
                 if step == first_step:  # the ranks are in lockstep now: hangs get the short timeout
                     set_collective_timeout(cfg.DIST_TIMEOUT_S, watchdog)
-                log.step(step, epoch, loss_sum, counts, grad_norm, lr, finite, step_time, t0 - t_data, micro_batches)
+                log.step(step, epoch, loss_sum, counts, grad_norm, lr, applied, step_time, t0 - t_data, micro_batches)
                 if cfg.DRIFT_CHECK_EVERY and step % cfg.DRIFT_CHECK_EVERY == 0:
                     guards.check_replicas_identical(model.module, step)  # all-gather of every rank's adapter checksum
                 if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0:

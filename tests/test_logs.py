@@ -40,17 +40,22 @@ def test_a_skipped_update_is_logged_whatever_log_every_and_summed_up_at_the_end(
     for step in range(1, 31):
         finite = step not in (3, 17)
         grad_norm = 1.5 if finite else float("nan")
-        log.step(step, 0, 10.0, (5.0, 100.0, 128.0), grad_norm, 1e-4, finite, 0.5, 0.01, [batch])
+        targets = 0.0 if step == 12 else 5.0  # step 12: no target token on any rank
+        log.step(step, 0, 10.0, (targets, 100.0, 128.0), grad_norm, 1e-4, finite and targets > 0, 0.5, 0.01, [batch])
     log.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["skipped"]) for r in records] == [
         (3, True),
         (10, False),
+        (12, True),
         (17, True),
         (20, False),
         (30, False),
     ]
-    assert "warning: 2 of 30 steps skipped their update" in capsys.readouterr().out.splitlines()[-1]
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "warning: 2 of 30 steps skipped their update (non-finite loss or gradient; NAN_POLICY=skip): steps 3, 17",
+        "warning: 1 of 30 steps skipped their update (no target token): steps 12",
+    ]
 
 
 def test_only_rank_0_prints(monkeypatch, capsys):

@@ -488,6 +488,23 @@ def test_an_offloaded_layer_input_comes_back_as_it_left():
     assert not T.from_host(T.to_host(layer_input.detach())).requires_grad
 
 
+def test_a_step_without_a_target_token_applies_no_update():
+    """Rows whose assistant turns MAX_LEN cut off can make a step with no target on any rank: its gradient is
+    zero, which AdamW's momentum from earlier steps would still turn into an update."""
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, weight_decay=0.0)
+    scheduler = T.lr_schedule(optimizer, CPU, total_steps=10, steps_taken=0)
+    weight.grad = torch.ones(4)
+    optimizer.step()  # momentum
+    before = weight.detach().clone()
+    weight.grad = torch.zeros(4)
+    assert not T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 0, step=2)[1]
+    assert torch.equal(weight, before)
+    weight.grad = torch.zeros(4)  # the same zero gradient in a step with targets: momentum moves the weight
+    assert T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 5, step=3)[1]
+    assert not torch.equal(weight, before)
+
+
 @pytest.mark.parametrize(
     "device",
     [
