@@ -2,7 +2,8 @@
 
 - read(): each constant's environment variable, parsed as its default's type, and where each value came
   from; every unparsable or disallowed value at once, as one InputError (before any collective).
-- misspelled(): environment variables that look like a misspelled constant (MICROBATCH).
+- misspelled(): environment variables that look like a misspelled constant (MICROBATCH, micro_batch) or
+  name one the way other trainers do (LEARNING_RATE).
 - planned(): the same settings with the planner's choices, marked as such.
 - check_model_source(), check_pattern(), check_writable(): a missing model or one of another architecture, a
   regex that does not compile, an unwritable OUTPUT_DIR: each fails at once, before anything slow.
@@ -56,12 +57,43 @@ def read(constants: type, allowed: dict, environ=os.environ) -> tuple:
     return constants(**values), sources
 
 
+# what other trainers (transformers' TrainingArguments, PEFT, torchtune) call some of train_ddp.py's constants
+OTHER_NAMES = {
+    "LEARNING_RATE": "LR",
+    "LORA_RANK": "LORA_R",
+    "TARGET_MODULES": "LORA_TARGETS",
+    "LORA_TARGET_MODULES": "LORA_TARGETS",
+    "BATCH_SIZE": "MICRO_BATCH",
+    "PER_DEVICE_TRAIN_BATCH_SIZE": "MICRO_BATCH",
+    "GRADIENT_ACCUMULATION_STEPS": "ACCUM_STEPS",
+    "GRAD_ACCUM_STEPS": "ACCUM_STEPS",
+    "NUM_EPOCHS": "EPOCHS",
+    "NUM_TRAIN_EPOCHS": "EPOCHS",
+    "MAX_SEQ_LEN": "MAX_LEN",
+    "MAX_SEQ_LENGTH": "MAX_LEN",
+    "MAX_LENGTH": "MAX_LEN",
+    "MAX_GRAD_NORM": "GRAD_CLIP",
+    "MODEL_NAME": "MODEL_ID",
+    "MODEL_NAME_OR_PATH": "MODEL_ID",
+    "DATASET_PATH": "DATA_PATH",
+    "TRAIN_FILE": "DATA_PATH",
+    "EVAL_FILE": "EVAL_PATH",
+    "SAVE_STEPS": "SAVE_EVERY",
+    "EVAL_STEPS": "EVAL_EVERY",
+    "LOGGING_STEPS": "LOG_EVERY",
+}
+
+
 def misspelled(sources: dict, environ=os.environ) -> list[str]:
-    """A warning for each environment variable that is not a constant but looks like one."""
+    """A warning for each environment variable that is not a constant but looks like one, in any case, or is
+    another trainer's name for one (OTHER_NAMES)."""
     warnings = []
     for var in environ:
-        close = difflib.get_close_matches(var, sources, n=1, cutoff=0.85)
-        if close and var not in sources:
+        if var in sources:
+            continue
+        other = OTHER_NAMES.get(var.upper())
+        close = [other] if other in sources else difflib.get_close_matches(var.upper(), sources, n=1, cutoff=0.85)
+        if close:
             warnings.append(
                 f"warning: {var}={environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?"
             )

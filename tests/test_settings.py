@@ -26,10 +26,27 @@ def test_every_bad_value_is_named_in_one_error():
 
 def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_reported():
     _, sources = settings.read(T.Config, T.ALLOWED, {})
-    environ = {"MICROBATCH": "4", "MICRO_BATCHES_PER_GPU": "4"}  # the second is not close enough to be a typo
-    assert settings.misspelled(sources, environ) == [
+    environ = {
+        "MICROBATCH": "4",
+        "MICRO_BATCHES_PER_GPU": "4",  # not close enough to be a typo
+        "micro_batch": "2",  # in any case
+        "LORA_RANK": "8",  # other trainers' names
+        "learning_rate": "1e-3",
+        "PATH": "/usr/bin",
+        "LOCAL_RANK": "0",
+        "MAX_LEN": "512",  # the constant itself
+    }
+    assert [line.split(" is not")[0] + " -> " + line.split()[-1] for line in settings.misspelled(sources, environ)] == [
+        "warning: MICROBATCH='4' -> MICRO_BATCH?",
+        "warning: micro_batch='2' -> MICRO_BATCH?",
+        "warning: LORA_RANK='8' -> LORA_R?",
+        "warning: learning_rate='1e-3' -> LR?",
+    ]
+    assert settings.misspelled(sources, {"MICROBATCH": "4"}) == [
         "warning: MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"
     ]
+    # no setting goes by another trainer's name (that would shadow it)
+    assert not set(settings.OTHER_NAMES) & set(sources) and set(settings.OTHER_NAMES.values()) <= set(sources)
 
 
 def test_the_planners_choices_are_recorded_and_shown_as_planner():
