@@ -14,15 +14,30 @@ from collate import IGNORE_INDEX
 from guards import InputError
 
 ROLES = ("system", "user", "assistant")
+# files people pass for JSONL, by their first bytes: what they are and how to get JSONL from them
+NOT_JSONL = {
+    b"\x1f\x8b": "gzip-compressed: gunzip -k FILE",
+    b"BZh": "bzip2-compressed: bunzip2 -k FILE",
+    b"\xfd7zXZ\x00": "xz-compressed: unxz -k FILE",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed: unzstd FILE",
+    b"PK\x03\x04": "a zip archive: unzip FILE",
+    b"PAR1": "Parquet: pandas.read_parquet('FILE').to_json('OUT.jsonl', orient='records', lines=True)",
+    b"\xff\xfe": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
+    b"\xfe\xff": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
+}
 
 
 def load_conversations(path: str) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts. A UTF-8
     byte-order mark is skipped; content given as a list of text parts is joined (one part per line)."""
     try:
-        lines = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8).splitlines()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise InputError(f"cannot read data file {path}: {e}") from e
+    for magic, what in NOT_JSONL.items():
+        if data.startswith(magic):
+            raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
+    lines = data.removeprefix(codecs.BOM_UTF8).splitlines()
     rows, empty = [], []
     for lineno, raw in enumerate(lines, 1):
         where = f"{path}:{lineno}"

@@ -1,6 +1,8 @@
 """chat_data.py: validation that names the file, line and field; the chat template's targets."""
 
+import bz2
 import codecs
+import gzip
 import json
 
 import pytest
@@ -88,6 +90,23 @@ def chat(user, assistant):
 def test_a_byte_order_mark_is_skipped(tmp_path):
     path = write_chat(tmp_path, chat("Hi", "Hello"), prefix=codecs.BOM_UTF8)
     assert chat_data.load_conversations(path) == [chat("Hi", "Hello")["messages"]]
+
+
+@pytest.mark.parametrize(
+    "pack, named",
+    [
+        (gzip.compress, "gzip-compressed: gunzip -k "),
+        (bz2.compress, "bzip2-compressed: bunzip2 -k "),
+        (lambda data: data.decode().encode("utf-16"), "UTF-16 text: iconv -f UTF-16 -t UTF-8 "),
+    ],
+)
+def test_a_compressed_or_utf16_file_is_named_for_what_it_is(tmp_path, pack, named):
+    path = tmp_path / "chat.jsonl.x"
+    row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Ok"}]}
+    path.write_bytes(pack(json.dumps(row).encode() + b"\n"))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    assert str(e.value) == f"{path}: not JSON Lines but {named}{path}" + (" > OUT.jsonl" if "UTF-16" in named else "")
 
 
 def test_text_parts_are_joined_and_other_parts_refused(tmp_path):
