@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from torch.utils.data import Dataset
@@ -27,9 +28,11 @@ NOT_JSONL = {
 }
 
 
-def load_conversations(path: str) -> list[list[dict]]:
+def load_conversations(path: str, control_tokens: list[str] = ()) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts. A UTF-8
-    byte-order mark is skipped; content given as a list of text parts is joined (one part per line)."""
+    byte-order mark is skipped; content given as a list of text parts is joined (one part per line). Text that
+    spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer would read it as
+    that token, a fake turn or end of text inside a message."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -38,7 +41,8 @@ def load_conversations(path: str) -> list[list[dict]]:
         if data.startswith(magic):
             raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
     lines = data.removeprefix(codecs.BOM_UTF8).splitlines()
-    rows, empty = [], []
+    spelled = re.compile("|".join(map(re.escape, sorted(control_tokens, key=len, reverse=True))) or "(?!)")
+    rows, empty, control = [], [], []
     for lineno, raw in enumerate(lines, 1):
         where = f"{path}:{lineno}"
         try:
@@ -69,16 +73,33 @@ def load_conversations(path: str) -> list[list[dict]]:
             raise InputError(f"{where}: no assistant message, nothing to train on")
         if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
             empty.append(lineno)
+        control += [(lineno, j, found[0]) for j, m in enumerate(messages) if (found := spelled.search(m["content"]))]
         rows.append(messages)
     if empty:
-        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
         raise InputError(
-            f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines {shown}); "
-            f"drop those rows: training on an empty answer teaches the model to stop at once"
+            f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
+            f"{some(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
+        )
+    if control:
+        lineno, j, token = control[0]
+        lines_with = list(dict.fromkeys(line for line, _, _ in control))
+        raise InputError(
+            f"{path}:{lineno}: message {j} has {token!r} in its text, which the tokenizer reads as that control "
+            f"token, not as text; in {len(lines_with)} row(s) (lines {some(lines_with)}): rewrite or drop them"
         )
     if not rows:
         raise InputError(f"{path}: no examples (the file is empty)")
     return rows
+
+
+def some(lines: list[int]) -> str:
+    return ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+
+
+def control_tokens(tokenizer) -> list[str]:
+    """The tokenizer's special tokens (<bos>, <eos>, turn markers, media placeholders): in a message's text, it
+    would read each as that token."""
+    return [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
 
 
 def checked_message(m, where: str) -> dict:

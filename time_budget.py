@@ -298,7 +298,7 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     import memory_budget
     import settings
     import train_ddp as T
-    from chat_data import ChatDataset, chat_tokenizer, load_conversations, tokenize_conversation
+    from chat_data import ChatDataset, chat_tokenizer, control_tokens, load_conversations, tokenize_conversation
     from packing import rows_of_epoch
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
@@ -308,7 +308,8 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
     settings.check_model_source(run.MODEL_ID, run.MODEL_CONFIG)  # the trainer's own checks, before anything loads
     settings.check_pattern("LORA_TARGETS", run.LORA_TARGETS)
-    conversations = load_conversations(run.DATA_PATH)
+    tokenizer = chat_tokenizer(run.MODEL_ID)
+    conversations = load_conversations(run.DATA_PATH, control_tokens(tokenizer))
 
     def fillable(samples: int) -> tuple[list, dict]:
         """(nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule; the others, said."""
@@ -337,7 +338,6 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
         print(
             "CPU: 1 thread, as torchrun gives each rank (set OMP_NUM_THREADS to change); times do NOT transfer to GPUs"
         )
-    tokenizer = chat_tokenizer(run.MODEL_ID)
     stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
     sample = conversations[::stride]
     began = time.perf_counter()
@@ -346,7 +346,7 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     eval_rows = (
         [
             tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS)
-            for c in load_conversations(run.EVAL_PATH)
+            for c in load_conversations(run.EVAL_PATH, control_tokens(tokenizer))
         ]
         if run.EVAL_PATH
         else []

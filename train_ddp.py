@@ -37,7 +37,7 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, chat_tokenizer, data_summary, lengths_file, load_conversations
+from chat_data import ChatDataset, chat_tokenizer, control_tokens, data_summary, lengths_file, load_conversations
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
@@ -610,11 +610,11 @@ def main() -> None:
     settings.check_writable(cfg.OUTPUT_DIR)
     lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     cfg, sources = plan(cfg, sources, world, device)
-    conversations = load_conversations(cfg.DATA_PATH)
-    eval_conversations = load_conversations(cfg.EVAL_PATH) if cfg.EVAL_PATH else None
-    if not cfg.PACKING:  # data too few for one step: said before the tokenizer loads (packed: once rows are known)
-        steps_per_epoch(len(conversations), world, cfg)
     tokenizer = chat_tokenizer(cfg.MODEL_ID)
+    conversations = load_conversations(cfg.DATA_PATH, control_tokens(tokenizer))
+    eval_conversations = load_conversations(cfg.EVAL_PATH, control_tokens(tokenizer)) if cfg.EVAL_PATH else None
+    if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
+        steps_per_epoch(len(conversations), world, cfg)
     identity = run_record.identity(cfg, world)
     kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
     dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept)  # lengths kept
