@@ -112,6 +112,9 @@ class Config:
 
 # What each constant allows, where not every value of its type makes sense (checked for overrides).
 ALLOWED = {
+    "MODEL_ID": (bool, "a model folder or hub id"),
+    "DATA_PATH": (bool, "a chat JSONL file"),
+    "OUTPUT_DIR": (bool, "a folder"),
     "MAX_LEN": (lambda v: v >= 2, ">= 2"),
     "MICRO_BATCH": (lambda v: v >= 1, ">= 1"),
     "ACCUM_STEPS": (lambda v: v >= 1, ">= 1"),

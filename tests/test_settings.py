@@ -22,6 +22,9 @@ def test_every_bad_value_is_named_in_one_error():
     assert str(e.value) == (
         "LR='abc': expected a number; SAVE_ON_SIGTERM='maybe': expected 1/0/true/false; MICRO_BATCH=0: allowed >= 1"
     )
+    with pytest.raises(InputError) as e:  # an empty path would be read as the working directory
+        settings.read(T.Config, T.ALLOWED, {"DATA_PATH": "", "EVAL_PATH": ""})
+    assert str(e.value) == "DATA_PATH='': allowed a chat JSONL file"
 
 
 def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_reported():
