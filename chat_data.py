@@ -15,6 +15,16 @@ from collate import IGNORE_INDEX
 from guards import InputError
 
 ROLES = ("system", "user", "assistant")
+# roles other formats use, and what to do about them
+OTHER_ROLES = {
+    "model": "Gemma's own name for 'assistant': rename it",
+    "gpt": "ShareGPT's 'assistant': rename it",
+    "bot": "rename it 'assistant'",
+    "human": "ShareGPT's 'user': rename it",
+    "developer": "OpenAI's 'system': rename it",
+    "tool": "tool turns are not trained on here: drop those messages or the row",
+    "function": "tool turns are not trained on here: drop those messages or the row",
+}
 # files people pass for JSONL, by their first bytes: what they are and how to get JSONL from them
 NOT_JSONL = {
     b"\x1f\x8b": "gzip-compressed: gunzip -k FILE",
@@ -106,7 +116,8 @@ def checked_message(m, where: str) -> dict:
     """One message as {"role", "content": str}; content parts ([{"type": "text", "text": ...}]) joined."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         role = m.get("role") if isinstance(m, dict) else m
-        raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        hint = f"; {OTHER_ROLES[role]}" if isinstance(role, str) and role in OTHER_ROLES else ""
+        raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)}){hint}")
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):

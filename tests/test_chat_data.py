@@ -64,10 +64,15 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
     "row, error",
     [
         ('{"messages": [{"role": "bot", "content": "x"}]}', "2: message 0: unknown role 'bot'"),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "model", "content": "y"}]}',
+            "2: message 1: unknown role 'model' (expected one of system, user, assistant); Gemma's own name for "
+            "'assistant': rename it",
+        ),
         ('{"messages": [{"role": "user", "content": "x"}]}', "2: no assistant message, nothing to train on"),
         ("{not json", "2: not valid JSON"),
     ],
-    ids=["role", "no-assistant", "json"],
+    ids=["role", "gemma-role", "no-assistant", "json"],
 )
 def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
     path = tmp_path / "chat.jsonl"
