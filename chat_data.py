@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import re
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from torch.utils.data import Dataset
@@ -25,20 +27,22 @@ OTHER_ROLES = {
     "tool": "tool turns are not trained on here: drop those messages or the row",
     "function": "tool turns are not trained on here: drop those messages or the row",
 }
-# files people pass for JSONL, by their first bytes: what they are and how to get JSONL from them
+# files people pass for JSONL, by their first bytes (UTF-32's before UTF-16's): what they are, how to get JSONL
 NOT_JSONL = {
-    b"\x1f\x8b": "gzip-compressed: gunzip -k FILE",
-    b"BZh": "bzip2-compressed: bunzip2 -k FILE",
-    b"\xfd7zXZ\x00": "xz-compressed: unxz -k FILE",
-    b"\x28\xb5\x2f\xfd": "zstd-compressed: unzstd FILE",
-    b"PK\x03\x04": "a zip archive: unzip FILE",
+    b"\x1f\x8b": "gzip-compressed: gzip -dc FILE > OUT.jsonl",
+    b"BZh": "bzip2-compressed: bzip2 -dc FILE > OUT.jsonl",
+    b"\xfd7zXZ\x00": "xz-compressed: xz -dc FILE > OUT.jsonl",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed: zstd -dc FILE > OUT.jsonl",
+    b"PK\x03\x04": "a zip archive: unzip -p FILE > OUT.jsonl",
     b"PAR1": "Parquet: pandas.read_parquet('FILE').to_json('OUT.jsonl', orient='records', lines=True)",
+    b"\xff\xfe\x00\x00": "UTF-32 text: iconv -f UTF-32 -t UTF-8 FILE > OUT.jsonl",
+    b"\x00\x00\xfe\xff": "UTF-32 text: iconv -f UTF-32 -t UTF-8 FILE > OUT.jsonl",
     b"\xff\xfe": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
     b"\xfe\xff": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
 }
 
 
-def load_conversations(path: str, control_tokens: list[str] = ()) -> list[list[dict]]:
+def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts. A UTF-8
     byte-order mark is skipped; content given as a list of text parts is joined (one part per line). Text that
     spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer would read it as
@@ -51,8 +55,8 @@ def load_conversations(path: str, control_tokens: list[str] = ()) -> list[list[d
         if data.startswith(magic):
             raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
     lines = data.removeprefix(codecs.BOM_UTF8).splitlines()
-    spelled = re.compile("|".join(map(re.escape, sorted(control_tokens, key=len, reverse=True))) or "(?!)")
-    rows, empty, control = [], [], []
+    control_text = any_of(control_tokens)
+    rows, empty, control = [], [], {}  # control: {line: (message, the token its text spells)}
     for lineno, raw in enumerate(lines, 1):
         where = f"{path}:{lineno}"
         try:
@@ -83,40 +87,67 @@ def load_conversations(path: str, control_tokens: list[str] = ()) -> list[list[d
             raise InputError(f"{where}: no assistant message, nothing to train on")
         if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
             empty.append(lineno)
-        control += [(lineno, j, found[0]) for j, m in enumerate(messages) if (found := spelled.search(m["content"]))]
+        for j, m in enumerate(messages):
+            if found := control_text.search(m["content"]):
+                control.setdefault(lineno, (j, found[0]))
         rows.append(messages)
     if empty:
         raise InputError(
             f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
-            f"{some(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
+            f"{first_lines(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
         )
     if control:
-        lineno, j, token = control[0]
-        lines_with = list(dict.fromkeys(line for line, _, _ in control))
+        lineno, (j, token) = next(iter(control.items()))
+        drop = " ".join(f"-e {shlex.quote(t)}" for t in sorted({t for _, t in control.values()}))
         raise InputError(
             f"{path}:{lineno}: message {j} has {token!r} in its text, which the tokenizer reads as that control "
-            f"token, not as text; in {len(lines_with)} row(s) (lines {some(lines_with)}): rewrite or drop them"
+            f"token, not as text; in {len(control)} row(s) (lines {first_lines(list(control))}): rewrite them, or "
+            f"drop them: grep -vF {drop} {shlex.quote(path)} > OUT.jsonl"
         )
     if not rows:
         raise InputError(f"{path}: no examples (the file is empty)")
     return rows
 
 
-def some(lines: list[int]) -> str:
+def first_lines(lines: list[int]) -> str:
     return ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
 
 
 def control_tokens(tokenizer) -> list[str]:
     """The tokenizer's special tokens (<bos>, <eos>, turn markers, media placeholders): in a message's text, it
-    would read each as that token."""
-    return [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
+    would read each as that token. Whitespace is left out: it is text wherever it stands."""
+    return [
+        token.content for token in tokenizer.added_tokens_decoder.values() if token.special and token.content.strip()
+    ]
+
+
+def any_of(words: Sequence[str]) -> re.Pattern:
+    """A regex matching any of `words`, written as a trie (shared prefixes once): re tries a flat alternation's
+    every branch at every position, which with a tokenizer's thousands of special tokens (reserved, unused)
+    scans a gigabyte of chat text in half an hour; the trie's branches fail at their first character."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def pattern(node: dict) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in node.items() if char]
+        if not branches:
+            return ""
+        grouped = branches[0] if len(branches) == 1 and "" not in node else f"(?:{'|'.join(branches)})"
+        return grouped + ("?" if "" in node else "")
+
+    return re.compile(pattern(trie) or "(?!)")  # no words: a pattern that never matches
 
 
 def checked_message(m, where: str) -> dict:
     """One message as {"role", "content": str}; content parts ([{"type": "text", "text": ...}]) joined."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         role = m.get("role") if isinstance(m, dict) else m
-        hint = f"; {OTHER_ROLES[role]}" if isinstance(role, str) and role in OTHER_ROLES else ""
+        known = str(role).lower()
+        hint = f"; {OTHER_ROLES[known]}" if known in OTHER_ROLES else f"; rename it {known!r}" if known in ROLES else ""
         raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)}){hint}")
     content = m.get("content")
     if isinstance(content, list):

@@ -80,26 +80,26 @@ class StepLog:
             disable=not self.rank0 or not sys.stderr.isatty(),
         )
 
-    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, applied, step_time, data_wait, micro_batches):
+    def step(self, step, epoch, loss_sum, counts, grad_norm, lr, skipped, step_time, data_wait, micro_batches):
+        """`skipped`: why this step applied no update (train_ddp.optimizer_step), or None."""
         self.bar.update(1)
         self.steps += 1
-        if not applied:
-            no_target = counts[0] == 0
-            self.skipped[step] = "no target token" if no_target else "non-finite loss or gradient; NAN_POLICY=skip"
+        if skipped:
+            self.skipped[step] = skipped
         self.longest = max(self.longest, *(b["input_ids"].shape[1] for b in micro_batches))
         check_memory = self.device.type == "cuda" and step == self.MEMORY_CHECK_STEP
         logged = (self.log_every and step % self.log_every == 0) or step == self.total_steps or check_memory
-        logged = logged or not applied  # a dropped update is never silent, whatever LOG_EVERY
+        logged = logged or bool(skipped)  # a dropped update is never silent, whatever LOG_EVERY
         if not self.rank0 or not logged:
             return
         n_targets, n_tokens, n_padded = counts
         record = {
             "step": step,
             "epoch": epoch,
-            "loss": loss_sum / max(n_targets, 1.0),
+            "loss": loss_sum / n_targets if n_targets else None,  # no target: no loss (not a loss of 0)
             "grad_norm": grad_norm,
             "lr": lr,
-            "skipped": not applied,
+            "skipped": bool(skipped),
             "tokens_per_s": n_tokens / step_time,
             "target_tokens_per_s": n_targets / step_time,
             "step_time_s": step_time,
@@ -118,7 +118,8 @@ class StepLog:
                 except Exception as e:
                     say(f"warning: no memory prediction ({type(e).__name__}: {e})")
         self.write(record)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
+        self.bar.set_postfix(loss=loss, tok_s=f"{record['tokens_per_s']:.0f}")
         say(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
 
     def eval(self, step: int, result: dict, final: bool = False) -> None:

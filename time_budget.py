@@ -308,8 +308,10 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
     settings.check_model_source(run.MODEL_ID, run.MODEL_CONFIG)  # the trainer's own checks, before anything loads
     settings.check_pattern("LORA_TARGETS", run.LORA_TARGETS)
-    tokenizer = chat_tokenizer(run.MODEL_ID)
-    conversations = load_conversations(run.DATA_PATH, control_tokens(tokenizer))
+    tokenizer = chat_tokenizer(run.MODEL_ID)  # first: the data must not spell its control tokens
+    special = control_tokens(tokenizer)
+    conversations = load_conversations(run.DATA_PATH, special)
+    eval_conversations = load_conversations(run.EVAL_PATH, special) if run.EVAL_PATH else []
 
     def fillable(samples: int) -> tuple[list, dict]:
         """(nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule; the others, said."""
@@ -343,14 +345,7 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     began = time.perf_counter()
     rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in sample]
     tokenize_row_s = (time.perf_counter() - began) / len(sample)
-    eval_rows = (
-        [
-            tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS)
-            for c in load_conversations(run.EVAL_PATH, control_tokens(tokenizer))
-        ]
-        if run.EVAL_PATH
-        else []
-    )
+    eval_rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in eval_conversations]
     eval_tokens = [len(r["input_ids"]) for r in eval_rows]
     tokens = [len(r["input_ids"]) for r in rows]
     group_keys = ChatDataset(sample, tokenizer, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS).lengths

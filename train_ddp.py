@@ -441,7 +441,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
 
 
 def optimizer_step(optimizer, scheduler, params: list, cfg: Config, loss_sum: float, n_targets: int, step: int):
-    """Clip, step, schedule. Returns (grad norm, whether the update was applied, the lr it used). After the
+    """Clip, step, schedule. Returns (grad norm, why the update was skipped or None, the lr it used). After the
     all-reduces every rank holds the same averaged gradients and counts: the same norm, the same decision.
     A step without a single target token on any rank (rows whose assistant turns MAX_LEN cut off) applies no
     update: its gradient is zero, but AdamW's momentum would still move the weights."""
@@ -452,13 +452,15 @@ def optimizer_step(optimizer, scheduler, params: list, cfg: Config, loss_sum: fl
             f"non-finite loss or gradient norm at step {step} (loss sum {loss_sum}, grad norm {grad_norm}); "
             f"NAN_POLICY=stop"
         )
-    applied = finite and n_targets > 0
-    if applied:
+    skipped = None if finite else "non-finite loss or gradient; NAN_POLICY=skip"
+    if finite and n_targets == 0:
+        skipped = "no target token"
+    if skipped is None:
         optimizer.step()
     lr = scheduler.get_last_lr()[0]
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm, applied, lr
+    return grad_norm, skipped, lr
 
 
 def lr_schedule(optimizer, cfg: Config, total_steps: int, steps_taken: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -613,9 +615,10 @@ def main() -> None:
     settings.check_writable(cfg.OUTPUT_DIR)
     lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     cfg, sources = plan(cfg, sources, world, device)
-    tokenizer = chat_tokenizer(cfg.MODEL_ID)
-    conversations = load_conversations(cfg.DATA_PATH, control_tokens(tokenizer))
-    eval_conversations = load_conversations(cfg.EVAL_PATH, control_tokens(tokenizer)) if cfg.EVAL_PATH else None
+    tokenizer = chat_tokenizer(cfg.MODEL_ID)  # first: the data must not spell its control tokens
+    special = control_tokens(tokenizer)
+    conversations = load_conversations(cfg.DATA_PATH, special)
+    eval_conversations = load_conversations(cfg.EVAL_PATH, special) if cfg.EVAL_PATH else None
     if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
         steps_per_epoch(len(conversations), world, cfg)
     identity = run_record.identity(cfg, world)
@@ -704,7 +707,7 @@ def main() -> None:
                 with profiled(step == cfg.PROFILE_STEP, device, trace):
                     # no_sync for all but the last micro-batch; the token count is all-reduced first
                     loss_sum, counts, stopping = forward_backward(model, micro_batches, device, stop)
-                grad_norm, applied, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, counts[0], step)
+                grad_norm, skipped, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, counts[0], step)
                 step_time = synchronized_clock(device) - t0
                 progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
                 if progress["step_in_epoch"] == epoch_steps[epoch]:  # epoch end: resume starts the next epoch
@@ -712,7 +715,7 @@ def main() -> None:
                 position.completed = step
                 if step == first_step:  # the ranks are in lockstep now: hangs get the short timeout
                     set_collective_timeout(cfg.DIST_TIMEOUT_S, watchdog)
-                log.step(step, epoch, loss_sum, counts, grad_norm, lr, applied, step_time, t0 - t_data, micro_batches)
+                log.step(step, epoch, loss_sum, counts, grad_norm, lr, skipped, step_time, t0 - t_data, micro_batches)
                 if cfg.DRIFT_CHECK_EVERY and step % cfg.DRIFT_CHECK_EVERY == 0:
                     guards.check_replicas_identical(model.module, step)  # all-gather of every rank's adapter checksum
                 if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0:

@@ -4,6 +4,9 @@ import bz2
 import codecs
 import gzip
 import json
+import random
+import re
+import subprocess
 
 import pytest
 from conftest import SAMPLE_DATA, TINY_MODEL
@@ -69,10 +72,14 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: message 1: unknown role 'model' (expected one of system, user, assistant); Gemma's own name for "
             "'assistant': rename it",
         ),
+        (
+            '{"messages": [{"role": "User", "content": "x"}]}',
+            "2: message 0: unknown role 'User' (expected one of system, user, assistant); rename it 'user'",
+        ),
         ('{"messages": [{"role": "user", "content": "x"}]}', "2: no assistant message, nothing to train on"),
         ("{not json", "2: not valid JSON"),
     ],
-    ids=["role", "gemma-role", "no-assistant", "json"],
+    ids=["role", "gemma-role", "capitalised-role", "no-assistant", "json"],
 )
 def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
     path = tmp_path / "chat.jsonl"
@@ -100,18 +107,19 @@ def test_a_byte_order_mark_is_skipped(tmp_path):
 @pytest.mark.parametrize(
     "pack, named",
     [
-        (gzip.compress, "gzip-compressed: gunzip -k "),
-        (bz2.compress, "bzip2-compressed: bunzip2 -k "),
+        (gzip.compress, "gzip-compressed: gzip -dc "),
+        (bz2.compress, "bzip2-compressed: bzip2 -dc "),
         (lambda data: data.decode().encode("utf-16"), "UTF-16 text: iconv -f UTF-16 -t UTF-8 "),
+        (lambda data: data.decode().encode("utf-32"), "UTF-32 text: iconv -f UTF-32 -t UTF-8 "),
     ],
 )
 def test_a_compressed_or_utf16_file_is_named_for_what_it_is(tmp_path, pack, named):
-    path = tmp_path / "chat.jsonl.x"
+    path = tmp_path / "chat.jsonl"
     row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Ok"}]}
     path.write_bytes(pack(json.dumps(row).encode() + b"\n"))
     with pytest.raises(InputError) as e:
         chat_data.load_conversations(str(path))
-    assert str(e.value) == f"{path}: not JSON Lines but {named}{path}" + (" > OUT.jsonl" if "UTF-16" in named else "")
+    assert str(e.value) == f"{path}: not JSON Lines but {named}{path} > OUT.jsonl"
 
 
 def test_text_that_spells_a_control_token_is_refused_with_its_lines(tmp_path, tokenizer):
@@ -129,10 +137,27 @@ def test_text_that_spells_a_control_token_is_refused_with_its_lines(tmp_path, to
         chat_data.load_conversations(path, chat_data.control_tokens(tokenizer))
     assert str(e.value) == (
         f"{path}:2: message 0 has '<turn|>' in its text, which the tokenizer reads as that control token, not as "
-        f"text; in 2 row(s) (lines 2, 4): rewrite or drop them"
+        f"text; in 2 row(s) (lines 2, 4): rewrite them, or drop them: grep -vF -e '<eos>' -e '<turn|>' {path} "
+        f"> OUT.jsonl"
     )
+    kept = subprocess.run(["grep", "-vF", "-e", "<eos>", "-e", "<turn|>", path], capture_output=True, text=True)
+    (tmp_path / "kept.jsonl").write_text(kept.stdout)  # the command it gives keeps the other rows
+    assert len(chat_data.load_conversations(str(tmp_path / "kept.jsonl"), chat_data.control_tokens(tokenizer))) == 2
     ids = tokenizer("<turn|>", add_special_tokens=False)["input_ids"]
     assert ids == [tokenizer.convert_tokens_to_ids("<turn|>")]  # why: one control token, not the characters
+
+
+def test_the_control_token_pattern_finds_what_a_plain_alternation_finds():
+    """any_of is a trie (a flat alternation of a tokenizer's thousands of reserved tokens scans a gigabyte of
+    text in half an hour): the same first match on random text over the tokens' own characters."""
+    rng = random.Random(0)
+    words = ["<bos>", "<eos>", "<|turn>", "<turn|>", "<b", "<bo", "ab", "a"] + [f"<unused{i}>" for i in range(300)]
+    trie, flat = chat_data.any_of(words), re.compile("|".join(map(re.escape, sorted(words, key=len, reverse=True))))
+    for _ in range(3000):
+        text = "".join(rng.choice("<>|abosetunrd0123456789 \n") for _ in range(rng.randint(0, 40)))
+        found, expected = trie.search(text), flat.search(text)
+        assert (found and (found.start(), found[0])) == (expected and (expected.start(), expected[0])), text
+    assert chat_data.any_of([]).search("<bos>") is None
 
 
 def test_text_parts_are_joined_and_other_parts_refused(tmp_path):

@@ -28,7 +28,7 @@ def test_a_step_is_logged_every_log_every_steps_and_at_the_last(tmp_path):
     log = logs.StepLog(str(tmp_path), 3, 7, 0, torch.device("cpu"), predict_peak_gib=None)
     batch = {"input_ids": torch.zeros(2, 64)}
     for step in range(1, 8):
-        log.step(step, 0, 10.0, (5.0, 100.0, 128.0), 1.5, 1e-4, True, 0.5, 0.01, [batch])
+        log.step(step, 0, 10.0, (5.0, 100.0, 128.0), 1.5, 1e-4, None, 0.5, 0.01, [batch])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [3, 6, 7]
     assert records[0]["loss"] == 2.0 and records[0]["tokens_per_s"] == 200.0 and records[0]["padding"] == 0.21875
@@ -37,20 +37,20 @@ def test_a_step_is_logged_every_log_every_steps_and_at_the_last(tmp_path):
 def test_a_skipped_update_is_logged_whatever_log_every_and_summed_up_at_the_end(tmp_path, capsys):
     log = logs.StepLog(str(tmp_path), 10, 30, 0, torch.device("cpu"), predict_peak_gib=None)
     batch = {"input_ids": torch.zeros(2, 64)}
+    skipped = {3: "non-finite loss or gradient; NAN_POLICY=skip", 12: "no target token"}
+    skipped[17] = skipped[3]
     for step in range(1, 31):
-        finite = step not in (3, 17)
-        grad_norm = 1.5 if finite else float("nan")
-        targets = 0.0 if step == 12 else 5.0  # step 12: no target token on any rank
-        log.step(step, 0, 10.0, (targets, 100.0, 128.0), grad_norm, 1e-4, finite and targets > 0, 0.5, 0.01, [batch])
+        targets = 0.0 if step == 12 else 5.0
+        log.step(step, 0, 10.0, (targets, 100.0, 128.0), 1.5, 1e-4, skipped.get(step), 0.5, 0.01, [batch])
     log.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["skipped"]) for r in records] == [
-        (3, True),
-        (10, False),
-        (12, True),
-        (17, True),
-        (20, False),
-        (30, False),
+    assert [(r["step"], r["skipped"], r["loss"]) for r in records] == [
+        (3, True, 2.0),
+        (10, False, 2.0),
+        (12, True, None),  # no target, no loss (not 0)
+        (17, True, 2.0),
+        (20, False, 2.0),
+        (30, False, 2.0),
     ]
     assert capsys.readouterr().out.splitlines()[-2:] == [
         "warning: 2 of 30 steps skipped their update (non-finite loss or gradient; NAN_POLICY=skip): steps 3, 17",
@@ -68,7 +68,7 @@ def test_only_rank_0_prints(monkeypatch, capsys):
 
 def test_packed_steps_log_their_fill(tmp_path):
     log = logs.StepLog(str(tmp_path), 1, 1, 0, torch.device("cpu"), predict_peak_gib=None, packed_slots=4 * 512)
-    log.step(1, 0, 10.0, (5.0, 1536.0, 2048.0), 1.5, 1e-4, True, 0.5, 0.01, [{"input_ids": torch.zeros(4, 512)}])
+    log.step(1, 0, 10.0, (5.0, 1536.0, 2048.0), 1.5, 1e-4, None, 0.5, 0.01, [{"input_ids": torch.zeros(4, 512)}])
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["fill"] == 0.75
 
 

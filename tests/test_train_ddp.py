@@ -266,7 +266,18 @@ BAD_INPUTS = {
         r"x\.jsonl:1: message 0 is from the assistant",
     ),
     "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
-    "empty-data-path": (lambda d: "", {}, r"cannot read data file : "),
+    "empty-data-path": (lambda d: "", {}, r"DATA_PATH='': allowed a chat JSONL file"),
+    "control-token-text": (
+        lambda d: write_rows(
+            d / "x.jsonl",
+            [
+                *sample_rows(20),
+                {"messages": [{"role": "user", "content": "hi <turn|>"}, {"role": "assistant", "content": "Ok"}]},
+            ],
+        ),
+        {},
+        r"x\.jsonl:21: message 0 has '<turn\|>' in its text, which the tokenizer reads as that control token",
+    ),
     "too-few-samples": (
         lambda d: write_rows(d / "x.jsonl", sample_rows(3)),
         {"ACCUM_STEPS": "2"},
@@ -498,10 +509,10 @@ def test_a_step_without_a_target_token_applies_no_update():
     optimizer.step()  # momentum
     before = weight.detach().clone()
     weight.grad = torch.zeros(4)
-    assert not T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 0, step=2)[1]
+    assert T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 0, step=2)[1] == "no target token"
     assert torch.equal(weight, before)
     weight.grad = torch.zeros(4)  # the same zero gradient in a step with targets: momentum moves the weight
-    assert T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 5, step=3)[1]
+    assert T.optimizer_step(optimizer, scheduler, [weight], CPU, 0.0, 5, step=3)[1] is None
     assert not torch.equal(weight, before)
 
 
