@@ -226,6 +226,25 @@ def test_short_rows_beside_long_ones_give_finite_gradients_on_gpu(tmp_path):
     assert [(r["step"], r["skipped"]) for r in records if "skipped" in r] == [(step, False) for step in range(1, 6)]
 
 
+def test_steps_whose_rows_lost_every_target_to_max_len_skip_their_update_on_every_rank(tmp_path):
+    """10 rows whose long prompt leaves no assistant token within MAX_LEN, 2 that keep theirs, 2 ranks of one
+    row a step: at least 4 of the 6 steps have no target on any rank. Those skip their update on every rank
+    (the count is all-reduced), log no loss, and the ranks end identical."""
+    prompt = " ".join(["word"] * 400)
+    lost = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "the answer"}]}
+    rows = [lost] * 10 + [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Ok"}]}] * 2
+    out = tmp_path / "out"
+    env = {"DATA_PATH": str(write_rows(tmp_path / "x.jsonl", rows)), "OUTPUT_DIR": str(out), "MAX_LEN": "128"}
+    env.update(EPOCHS="1", MICRO_BATCH="1", ACCUM_STEPS="1", NUM_WORKERS="0")
+    run = torchrun(ROOT / "train_ddp.py", nproc=2, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["skipped"], r["loss"] is None) for r in records if "skipped" in r]
+    assert [r["targets"] == 0 for r in records if "skipped" in r] == [skipped for skipped, _ in steps]
+    assert all(skipped == no_loss for skipped, no_loss in steps) and sum(skipped for skipped, _ in steps) >= 4
+    assert "steps skipped their update (no target token)" in run.output and "identical on all 2 ranks" in run.output
+
+
 def test_gradients_equal_single_process_on_global_batch_with_one_allreduce_per_step(tmp_path):
     run = torchrun(ROOT / "tests" / "ddp_worker.py", "grad_equivalence", tmp_path)
     assert run.returncode == 0, run.output[-4000:]
