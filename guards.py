@@ -390,6 +390,25 @@ def adapter_checksum(model) -> str:
     return h.hexdigest()[:16]
 
 
+def check_same_settings(settings: dict, identity: dict, may_differ: tuple[str, ...]) -> None:
+    """The job's first collective: every rank's settings ({name: {"value", "source"}}) and run identity (data
+    and model by content) all-gathered and compared, the same error on every rank if they differ. torchrun
+    passes one environment to all ranks, but a per-node export or a wrapper can give one rank another
+    MICRO_BATCH (a hang at the first collective that differs), LR or data (replicas that silently diverge).
+    Those named in `may_differ` are left out (paths to node-local copies, whose content the identity holds)."""
+    mine = {name: s["value"] for name, s in settings.items() if name not in may_differ}
+    mine.update(identity)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    differ = [name for name in mine if any(theirs.get(name) != mine[name] for theirs in every)]
+    if differ:
+        by_rank = "; ".join(f"{name}: {[theirs.get(name) for theirs in every]}" for name in differ[:4])
+        raise InputError(
+            f"the ranks were started with different settings (by rank, {by_rank}"
+            f"{f'; and {len(differ) - 4} more' if len(differ) > 4 else ''}): give every rank the same environment"
+        )
+
+
 def check_replicas_identical(model, step: int) -> str:
     """All-gather the adapter checksum; stop every rank with the same error if any replica differs."""
     mine = adapter_checksum(model)

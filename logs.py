@@ -125,10 +125,11 @@ class StepLog:
     def eval(self, step: int, result: dict, final: bool = False) -> None:
         if self.rank0:
             self.write({"step": step, **result})
-        say(
-            f"eval | {'final' if final else f'step {step}'} | loss {result['eval_loss']:.4f} | "
-            f"ppl {result['eval_ppl']:.2f}"
-        )
+        when = "final" if final else f"step {step}"
+        if result["eval_targets"] == 0:
+            say(f"warning: eval | {when} | no target tokens: MAX_LEN cuts every answer in EVAL_PATH; no loss")
+        else:
+            say(f"eval | {when} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
 
     def write(self, record: dict) -> None:
         """One JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""

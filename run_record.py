@@ -6,7 +6,8 @@
   anything is loaded, so a truncated or corrupted checkpoint is named instead of half-loaded.
 - `publish_atomically()`: a checkpoint or adapter folder appears whole or not at all; a failed save says
   why (a full disk, with the space it needed) and keeps the previous one.
-- `checkpoint_to_resume()` / `finished()`: which checkpoint a run continues, and whether it is complete.
+- `checkpoint_to_resume()` / `finished()`: which checkpoint a run continues, and whether it is complete (or
+  OUTPUT_DIR's adapter is another run's, which a fresh start would replace unasked).
 - `OutputLock`: one job per OUTPUT_DIR; a lock left by a dead job is taken over.
 """
 
@@ -86,10 +87,10 @@ def identity(run, world_size: int, model_config: dict | None = None) -> dict:
     }
 
 
-def differences(saved: dict, current: dict) -> list[str]:
-    """'NAME: checkpoint X, now Y' for every identity value that differs (structural ones first)."""
+def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:
+    """'NAME: checkpoint X, now Y' (or 'adapter X') for every identity value that differs (structural ones first)."""
     keys = sorted(set(saved) | set(current), key=lambda k: (k not in STRUCTURAL, k))
-    return [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+    return [f"{k}: {saved_in} {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
 def write_manifest(folder: Path) -> None:
@@ -171,18 +172,30 @@ def readable_size(n_bytes: float) -> str:
 def finished(run, current: dict, total_steps: int) -> str | None:
     """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`) with RESUME=auto:
     None if it has steps left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ
-    from those it was trained on (the run is complete all the same)."""
+    from those it was trained on (the run is complete all the same). An intact adapter of another run, or of this
+    run but incomplete, with no checkpoint beside it to continue, is refused: training would start from scratch
+    and replace it."""
     if run.RESUME != "auto":
         return None
     adapter = Path(run.OUTPUT_DIR) / "adapter"
     if not (adapter / "run.json").is_file() or damage(adapter) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
-    changes = differences(saved["identity"], current)
+    changes = differences(saved["identity"], current, "adapter")
     data = [c for c in changes if c.startswith("data_sha256")]
-    if saved["progress"]["step"] < total_steps or len(changes) > len(data):
-        return None
-    return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
+    step = saved["progress"]["step"]
+    if step >= total_steps and len(changes) == len(data):
+        return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
+    checkpoints = Path(run.OUTPUT_DIR) / "checkpoints"
+    if not any(checkpoints.glob("step-*")):  # with one, checkpoint_to_resume continues or refuses it
+        if step < total_steps:
+            changes.append(f"steps: adapter {step}, now {total_steps}")
+        raise InputError(
+            f"{adapter} is the final adapter of another run ({'; '.join(changes)}) and {checkpoints} holds no "
+            f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "
+            f"another OUTPUT_DIR"
+        )
+    return None
 
 
 def checkpoint_to_resume(run, current: dict) -> Path | None:
@@ -208,9 +221,9 @@ def checkpoint_to_resume(run, current: dict) -> Path | None:
                 )
             return None
     else:
+        if (problem := not_a_checkpoint(resume)) is not None:
+            raise InputError(problem)
         path = Path(resume)
-        if (problem := damage(path)) is not None:
-            raise InputError(f"RESUME={resume!r} is not an intact checkpoint folder: {problem}")
     saved = json.loads((path / "run.json").read_text())
     changes = differences(saved["identity"], current)
     if saved.get("progress", {}).get("step_in_epoch"):  # mid-epoch: a new shuffle would repeat and skip rows
@@ -225,6 +238,32 @@ def checkpoint_to_resume(run, current: dict) -> Path | None:
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
     return path
+
+
+def not_a_checkpoint(resume: str) -> str | None:
+    """None if the folder RESUME names (`resume`) is an intact checkpoint; else why not, and what to give instead."""
+    path, setting = Path(resume), f"RESUME={resume!r}"
+    takes = (
+        "RESUME takes a checkpoint folder (OUTPUT_DIR/checkpoints/step-N), 'auto' (the newest in OUTPUT_DIR) "
+        "or '' (a fresh start)"
+    )
+    if not path.exists():
+        if resume.lower() in ("0", "false", "no", "none", "off"):  # "do not resume", written as a switch
+            return (
+                f"{setting} is not a switch: for a fresh start, RESUME='' (empty); for the newest checkpoint in "
+                f"OUTPUT_DIR, RESUME='auto'; for a given checkpoint, its folder"
+            )
+        return f"{setting}: no such folder; {takes}"
+    if not path.is_dir():
+        return f"{setting} is a file, not a checkpoint folder; {takes}"
+    if (problem := damage(path)) is not None:
+        return f"{setting} is not an intact checkpoint folder: {problem}"
+    if "trainer_state.pt" not in json.loads((path / MANIFEST).read_text())["files"]:
+        return (
+            f"{setting} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer state, no "
+            f"progress), so training cannot continue from it; {takes}"
+        )
+    return None
 
 
 class OutputLock:

@@ -1,5 +1,7 @@
 """train_ddp.py's constants as one run uses them: read from the environment, checked, planned, shown.
 
+- check_arguments(): train_ddp.py takes no command-line arguments (--help lists the constants): an argument
+  like `--lr 0.5` or `MAX_STEPS=1` after the script would be ignored, so it fails, saying how to set it.
 - read(): each constant's environment variable, parsed as its default's type, and where each value came
   from; every unparsable or disallowed value at once, as one InputError (before any collective).
 - misspelled(): environment variables that look like a misspelled constant (MICROBATCH, micro_batch) or
@@ -15,6 +17,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import socket
 from pathlib import Path
 
@@ -33,6 +36,35 @@ def parse(raw: str, default):
         return type(default)(raw)
     except ValueError:
         raise ValueError(f"expected {'an integer' if isinstance(default, int) else 'a number'}") from None
+
+
+def check_arguments(argv: list[str], constants: type, doc: str) -> None:
+    """`--help`: the script's doc and every constant with its default, then exit. Any other argument fails with
+    the environment form of what it seems to set (`--lr 0.5`, `--max-steps=3`, `MAX_STEPS=3` -> `LR=0.5 ...`)."""
+    if not argv:
+        return
+    names = [field.name for field in dataclasses.fields(constants)]
+    if "-h" in argv or "--help" in argv:
+        defaults = "\n".join(f"  {field.name}={field.default}" for field in dataclasses.fields(constants))
+        print(f"{doc.strip()}\n\nSettings (NAME=value in the environment; these are the defaults):\n{defaults}")
+        raise SystemExit(0)
+    meant, words = [], list(argv)
+    while words:
+        word = words.pop(0)
+        key, _, value = word.lstrip("-").partition("=")
+        if word.startswith("--") and not value and words and not words[0].startswith("-"):
+            value = words.pop(0)  # --lr 0.5
+        name = key.upper().replace("-", "_")
+        name = OTHER_NAMES.get(name, name)
+        close = [name] if name in names else difflib.get_close_matches(name, names, n=1, cutoff=0.85)
+        if close and value:
+            meant.append(f"{close[0]}={shlex.quote(value)}")
+    example = " ".join(meant) or "LR=1e-4 MAX_STEPS=100"
+    raise InputError(
+        f"train_ddp.py takes no arguments (got {shlex.join(argv)}): settings are environment variables, set "
+        f"before the command, e.g. {example} torchrun --nproc_per_node=N train_ddp.py "
+        f"(python train_ddp.py --help lists them)"
+    )
 
 
 def read(constants: type, allowed: dict, environ=os.environ) -> tuple:
@@ -98,6 +130,19 @@ def misspelled(sources: dict, environ=os.environ) -> list[str]:
                 f"warning: {var}={environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?"
             )
     return warnings
+
+
+def check_combinations(run) -> list[str]:
+    """Values each allowed alone but not together (`run`: train_ddp.py's Config, read by constant name): an
+    InputError for what cannot work; a warning, returned, for what would be ignored."""
+    if run.PAD_TO_MULTIPLE > run.MAX_LEN:
+        raise InputError(
+            f"PAD_TO_MULTIPLE={run.PAD_TO_MULTIPLE} > MAX_LEN={run.MAX_LEN}: every row would be padded past MAX_LEN; "
+            f"use a multiple of at most MAX_LEN (e.g. 64)"
+        )
+    return [f"warning: EVAL_EVERY={run.EVAL_EVERY} without EVAL_PATH: nothing to evaluate"] * bool(
+        run.EVAL_EVERY and not run.EVAL_PATH
+    )
 
 
 def planned(values, sources: dict, chosen: dict) -> tuple:
@@ -169,6 +214,8 @@ def check_model_source(model_id: str, model_config: str) -> None:
 
 
 def check_writable(directory: str) -> None:
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise InputError(f"OUTPUT_DIR {directory!r} is a file, not a folder")
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
         probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"

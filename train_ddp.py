@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 import warnings
@@ -122,7 +123,7 @@ ALLOWED = {
     "MAX_STEPS": (lambda v: v >= 0, ">= 0 (0: all epochs)"),
     "LR": (lambda v: 0 < v < 1, "between 0 and 1"),
     "WARMUP_STEPS": (lambda v: v >= 0, ">= 0"),
-    "WEIGHT_DECAY": (lambda v: v >= 0, ">= 0"),
+    "WEIGHT_DECAY": (lambda v: 0 <= v <= 1, "in [0, 1] (AdamW multiplies the weights by 1 - LR x WEIGHT_DECAY)"),
     "GRAD_CLIP": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
     "LORA_R": (lambda v: v >= 1, ">= 1"),
     "LORA_ALPHA": (lambda v: v > 0, "> 0"),
@@ -139,10 +140,16 @@ ALLOWED = {
     "KEEP_CHECKPOINTS": (lambda v: v >= 1, ">= 1"),
     "NAN_POLICY": (lambda v: v in ("skip", "stop"), "skip or stop"),
     "DRIFT_CHECK_EVERY": (lambda v: v >= 0, ">= 0"),
-    "DIST_TIMEOUT_S": (lambda v: v > 0, "> 0"),
-    "DIST_INIT_TIMEOUT_S": (lambda v: v > 0, "> 0"),
+    "SEED": (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    "DIST_TIMEOUT_S": (lambda v: 0 < v <= 7 * 86400, "> 0 and at most a week (604800)"),
+    "DIST_INIT_TIMEOUT_S": (lambda v: 0 < v <= 7 * 86400, "> 0 and at most a week (604800)"),
     "ATTENTION_KERNEL": (lambda v: v in attention.KERNELS, " or ".join(attention.KERNELS)),
 }
+
+
+# Paths may differ between ranks (node-local copies: the data's and model's content is compared in the run
+# identity), and so may per-node resources; every other constant must be the same on every rank.
+MAY_DIFFER_BY_RANK = ("MODEL_ID", "MODEL_CONFIG", "DATA_PATH", "EVAL_PATH", "OUTPUT_DIR", "RESUME", "NUM_WORKERS")
 
 
 def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[Config, dict]:
@@ -162,23 +169,50 @@ def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[
         except ValueError as e:
             raise InputError(f"MEMORY_TARGET_GIB={cfg.MEMORY_TARGET_GIB}: {e}") from None
         say(line)
+        replaced = [f"{k}={getattr(cfg, k)}" for k, v in chosen.items() if sources[k] == "env" and getattr(cfg, k) != v]
+        if replaced:
+            say(
+                f"warning: MEMORY_TARGET_GIB={cfg.MEMORY_TARGET_GIB} chooses the layout, over your "
+                f"{' '.join(replaced)}; MEMORY_TARGET_GIB=0 runs the layout as you set it"
+            )
         cfg, sources = settings.planned(cfg, sources, chosen)
     return cfg, sources
 
 
 # ----------------------------------------------------------------------------------------------
 # Process group
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets them all
+
+
 def rank_info() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from torchrun's environment; a plain `python train_ddp.py` is rank 0 of 1."""
+    """(rank, local_rank, world_size) from torchrun's environment; a plain `python train_ddp.py` is rank 0 of 1,
+    on a free port (a second plain run on the machine must not collide with the first). A partial or impossible
+    environment (a leftover RANK export, RANK >= WORLD_SIZE) would fail late or wait for ranks that never come."""
     if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=os.environ.get("MASTER_PORT", "29511"),
+        port = os.environ.get("MASTER_PORT")
+        if not port:
+            with socket.socket() as probe:  # a port the system says is free now
+                probe.bind(("127.0.0.1", 0))
+                port = str(probe.getsockname()[1])
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    if missing := [name for name in LAUNCHER_VARIABLES if not os.environ.get(name)]:
+        raise InputError(
+            f"RANK is set but {', '.join(missing)} not: launch with torchrun (it sets all of "
+            f"{', '.join(LAUNCHER_VARIABLES)}), or unset RANK to train as one process"
         )
-    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        rank, local_rank, world = (int(os.environ[name]) for name in LAUNCHER_VARIABLES[:3])
+    except ValueError:
+        raise InputError(
+            f"RANK, LOCAL_RANK and WORLD_SIZE must be integers: {os.environ['RANK']!r}, "
+            f"{os.environ['LOCAL_RANK']!r}, {os.environ['WORLD_SIZE']!r}"
+        ) from None
+    if not (0 <= rank < world and 0 <= local_rank < world):
+        raise InputError(
+            f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world}: each rank must be in [0, WORLD_SIZE) "
+            f"(this rank would wait for the process group until DIST_INIT_TIMEOUT_S)"
+        )
+    return rank, local_rank, world
 
 
 def rank_device(local_rank: int) -> torch.device:
@@ -188,14 +222,24 @@ def rank_device(local_rank: int) -> torch.device:
 
 def init_distributed(device: torch.device, output_dir: str, timeout_s: float) -> None:
     """NCCL bound to this rank's GPU, gloo on CPU. The flight recorder keeps each rank's last collectives
-    (read by guards.HangWatchdog, dumped to OUTPUT_DIR when a collective times out)."""
+    (read by guards.HangWatchdog, dumped to OUTPUT_DIR when a collective times out). Forming the group waits
+    for every rank: the wait is said, and a group that does not form is one line, not the store's traceback."""
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(output_dir).resolve() / "flight_recorder_rank_"))
-    if device.type == "cuda":
-        dist.init_process_group("nccl", timeout=backend_timeout(timeout_s), device_id=device)
-    else:
-        dist.init_process_group("gloo", timeout=backend_timeout(timeout_s))
+    where, world = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", int(os.environ["WORLD_SIZE"])
+    if world > 1:
+        say(f"forming the process group of {world} ranks at {where} (waits up to DIST_INIT_TIMEOUT_S={timeout_s})")
+    try:
+        if device.type == "cuda":
+            dist.init_process_group("nccl", timeout=backend_timeout(timeout_s), device_id=device)
+        else:
+            dist.init_process_group("gloo", timeout=backend_timeout(timeout_s))
+    except dist.DistError as e:  # the store: a rank that never came, an address in use or unreachable
+        raise InputError(
+            f"the process group of {world} ranks at {where} did not form: {str(e).splitlines()[0]} (every rank "
+            f"started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
+        ) from None
 
 
 NCCL_BACKSTOP_S = 60
@@ -244,6 +288,8 @@ def load_model(cfg: Config, device: torch.device):
     for name in [n for n, _ in model.model.named_children() if memory_budget.is_left_out(n)]:
         setattr(model.model, name, None)
     model.config.use_cache = False
+    if cfg.MAX_LEN > (context := model.config.get_text_config().max_position_embeddings):
+        say(f"warning: MAX_LEN={cfg.MAX_LEN} is longer than the model's context ({context} tokens)")
     return model
 
 
@@ -254,6 +300,12 @@ def add_lora(model, cfg: Config):
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if not any(re.fullmatch(cfg.LORA_TARGETS, n) for n in linear):
         raise InputError(f"LORA_TARGETS {cfg.LORA_TARGETS!r} matches no Linear module (names look like {linear[:3]})")
+    others = [n or "(the whole model)" for n, m in model.named_modules() if re.fullmatch(cfg.LORA_TARGETS, n)]
+    if others := [n for n in others if n not in linear]:  # PEFT would refuse them, printing the whole model
+        raise InputError(
+            f"LORA_TARGETS {cfg.LORA_TARGETS!r} also matches {len(others)} modules that are not Linear layers "
+            f"({', '.join(others[:3])}, ...): LoRA goes on Linear layers, e.g. {memory_budget.DEFAULT_TARGETS!r}"
+        )
     lora = LoraConfig(
         r=cfg.LORA_R,
         lora_alpha=cfg.LORA_ALPHA,
@@ -467,6 +519,8 @@ def lr_schedule(optimizer, cfg: Config, total_steps: int, steps_taken: int) -> t
     """Linear warmup over WARMUP_STEPS in which step 1 already trains (at LR/WARMUP_STEPS), then cosine decay,
     positioned after `steps_taken` steps: a resumed run derives it from its own LR, WARMUP_STEPS and length."""
     warmup = cfg.WARMUP_STEPS
+    if warmup > total_steps:
+        say(f"warning: WARMUP_STEPS={warmup} > the run's {total_steps} steps: the LR never reaches LR={cfg.LR}")
 
     def factor(steps_taken: int) -> float:
         if steps_taken < warmup:
@@ -503,8 +557,9 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
         loss, targets = loss + float(s), targets + int(n)
     model.train(was_training)
     loss, targets = all_reduce_sum([loss, targets], device)
-    mean = loss / max(targets, 1.0)
-    return {"eval_loss": mean, "eval_ppl": math.exp(min(mean, 50.0)), "eval_targets": int(targets)}
+    if not targets:  # every answer cut by MAX_LEN: no loss to report (0 would read as a perfect model)
+        return {"eval_loss": None, "eval_ppl": None, "eval_targets": 0}
+    return {"eval_loss": loss / targets, "eval_ppl": math.exp(min(loss / targets, 50.0)), "eval_targets": int(targets)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -600,6 +655,7 @@ def already_complete(finished: str | None, cfg: Config, total_steps: int, device
 
 # ----------------------------------------------------------------------------------------------
 def main() -> None:
+    settings.check_arguments(sys.argv[1:], Config, __doc__)  # settings are environment variables, never arguments
     if "RANK" not in os.environ:
         say("not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py")
     rank, local_rank, world = rank_info()
@@ -608,7 +664,7 @@ def main() -> None:
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
     cfg, sources = settings.read(Config, ALLOWED)
-    for warning in settings.misspelled(sources):
+    for warning in settings.misspelled(sources) + settings.check_combinations(cfg):
         say(warning)
     settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)
     settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)
@@ -656,6 +712,8 @@ def main() -> None:
     stop = guards.GracefulStop()
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR):
+        # The first collective compares what every rank read: one rank with another environment stops them all.
+        guards.check_same_settings(run_config["settings"], identity, MAY_DIFFER_BY_RANK)
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
         if already_complete(finished, cfg, total_steps, device):
             return

@@ -607,6 +607,25 @@ def test_a_finished_run_that_ended_mid_epoch_stays_finished_even_when_its_data_c
     assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]  # nothing trained again
 
 
+def test_a_rerun_that_cannot_continue_a_finished_run_without_checkpoints_is_refused_and_changes_nothing(tmp_path, data):
+    out = tmp_path / "out"
+    env = job_env(data, out, MAX_STEPS="2", EVAL_PATH="")  # step 2 of 3 in epoch 0: no checkpoint there
+    assert torchrun(ROOT / "train_ddp.py", env=env).returncode == 0
+    assert not list((out / "checkpoints").glob("step-*"))
+    before = adapter(out)
+    refusals = [  # other settings would train from scratch over the adapter; an adapter has no optimizer state
+        ({"LR": "1e-4"}, f"{out / 'adapter'} is the final adapter of another run (LR: adapter 0.0002, now 0.0001) and"),
+        ({"RESUME": str(out / "adapter")}, f"RESUME={str(out / 'adapter')!r} is a final adapter, not a checkpoint"),
+    ]
+    for overrides, message in refusals:
+        rerun = torchrun(ROOT / "train_ddp.py", env={**env, **overrides})
+        lines = [ln.split("] ", 1)[1] for ln in rerun.output.splitlines() if re.match(r"\[rank [01]\] error: ", ln)]
+        assert rerun.returncode != 0 and lines and len(set(lines)) == 1, rerun.output[-3000:]
+        assert message in lines[0] and "FileNotFoundError" not in rerun.output, rerun.output[-3000:]
+    assert_bitwise_equal(adapter(out), before)
+    assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]  # nothing trained again
+
+
 def test_a_resume_with_the_optimizer_state_on_the_host_continues_the_reference_bitwise(tmp_path, data, reference):
     """OPTIMIZER_OFFLOAD is a layout, not a training setting: from the reference's step 4, steps 5 and 6 with
     AdamW's state in host memory between steps end on the reference's adapter."""

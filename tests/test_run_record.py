@@ -1,5 +1,6 @@
 """run_record.py: identity differences, checkpoint manifests and the OUTPUT_DIR lock (in-process)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -114,3 +115,119 @@ def test_a_lock_from_another_host_is_stale_only_when_nobody_refreshes_it(tmp_pat
     lock = run_record.OutputLock(str(tmp_path))
     lock.acquire()
     lock.release()
+
+
+def saved_run(folder, identity, step, trainer_state=True):
+    """A folder as train_ddp.py publishes it: a checkpoint, or (without trainer_state.pt) the final adapter."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)))
+    if trainer_state:
+        (folder / "trainer_state.pt").write_bytes(b"state")
+    run_record.write_run_json(folder, {"identity": identity}, {"epoch": 0, "step": step, "step_in_epoch": step})
+    run_record.write_manifest(folder)
+    return folder
+
+
+def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
+    identity = {"LR": 2e-4}
+    adapter = saved_run(tmp_path / "adapter", identity, 2, trainer_state=False)
+    saved_run(tmp_path / "checkpoints" / "step-00000002", identity, 2)
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(adapter))
+    with pytest.raises(InputError) as refused:
+        run_record.checkpoint_to_resume(run, identity)
+    assert str(refused.value) == (
+        f"RESUME={str(adapter)!r} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer "
+        f"state, no progress), so training cannot continue from it; RESUME takes a checkpoint folder "
+        f"(OUTPUT_DIR/checkpoints/step-N), 'auto' (the newest in OUTPUT_DIR) or '' (a fresh start)"
+    )
+    checkpoint = tmp_path / "checkpoints" / "step-00000002"  # beside it, the same run's checkpoint resumes
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity) == checkpoint
+
+
+TAKES = r"RESUME takes a checkpoint folder \(OUTPUT_DIR/checkpoints/step-N\), 'auto' \(the newest in OUTPUT_DIR\) or ''"
+SWITCH = (
+    r"is not a switch: for a fresh start, RESUME='' \(empty\); for the newest checkpoint in OUTPUT_DIR, "
+    r"RESUME='auto'; for a given checkpoint, its folder$"
+)
+
+
+@pytest.mark.parametrize(
+    "resume,expected",
+    [
+        (
+            "runs/out/checkpoints/step-00000009",
+            rf"^RESUME='runs/out/checkpoints/step-00000009': no such folder; {TAKES}",
+        ),
+        ("notes.txt", rf"^RESUME='notes.txt' is a file, not a checkpoint folder; {TAKES}"),
+        (
+            "empty",
+            r"^RESUME='empty' is not an intact checkpoint folder: no readable manifest.json \(FileNotFoundError\)",
+        ),
+        *[(word, rf"^RESUME='{word}' {SWITCH}") for word in ("0", "false", "No", "NONE", "off")],
+    ],
+    ids=["missing", "file", "no-manifest", "0", "false", "No", "NONE", "off"],
+)
+def test_a_resume_path_that_is_no_checkpoint_folder_says_what_it_is_and_what_resume_takes(
+    tmp_path, monkeypatch, resume, expected
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("a file")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=expected):
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4})
+
+
+THIS_RUN = {"LR": 1e-4, "world_size": 2, "data_sha256": "a"}
+
+
+def output_dir_after_a_run(tmp_path, saved, step, with_checkpoint=False):
+    """OUTPUT_DIR as a run of identity `saved` left it after `step` steps: its adapter, and maybe a checkpoint."""
+    saved_run(tmp_path / "adapter", saved, step, trainer_state=False)
+    if with_checkpoint:
+        saved_run(tmp_path / "checkpoints" / "step-00000003", saved, 3)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "saved,step,listed",
+    [
+        ({**THIS_RUN, "LR": 2e-4}, 6, "LR: adapter 0.0002, now 0.0001"),
+        ({**THIS_RUN, "world_size": 4}, 2, "world_size: adapter 4, now 2; steps: adapter 2, now 6"),
+        (THIS_RUN, 2, "steps: adapter 2, now 6"),
+    ],
+    ids=["other-lr", "other-world-size-and-incomplete", "this-run-incomplete"],
+)
+def test_an_adapter_of_another_run_with_no_checkpoint_to_continue_is_not_trained_over_unasked(
+    tmp_path, saved, step, listed
+):
+    out = output_dir_after_a_run(tmp_path, saved, step)
+    with pytest.raises(InputError) as refused:
+        run_record.finished(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, total_steps=6)
+    assert str(refused.value) == (
+        f"{out / 'adapter'} is the final adapter of another run ({listed}) and {out / 'checkpoints'} holds no "
+        f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "
+        f"another OUTPUT_DIR"
+    )
+
+
+@pytest.mark.parametrize(
+    "saved,with_checkpoint,resume,answer",
+    [
+        (THIS_RUN, False, "auto", ""),  # complete: nothing to train
+        (
+            {**THIS_RUN, "data_sha256": "b"},
+            False,
+            "auto",
+            "; DATA_PATH's content differs from the data it was trained on (now.jsonl)",
+        ),
+        ({**THIS_RUN, "LR": 2e-4}, True, "auto", None),  # checkpoint_to_resume continues or refuses the checkpoint
+        ({**THIS_RUN, "LR": 2e-4}, False, "", None),  # asked for a fresh start
+    ],
+    ids=["this-run-complete", "this-run-other-data", "other-lr-with-a-checkpoint", "other-lr-fresh-start"],
+)
+def test_an_adapter_is_left_to_the_run_when_complete_or_a_checkpoint_or_a_fresh_start_decides(
+    tmp_path, saved, with_checkpoint, resume, answer
+):
+    out = output_dir_after_a_run(tmp_path, saved, 6, with_checkpoint)
+    run = cpu_config(OUTPUT_DIR=str(out), RESUME=resume, DATA_PATH="now.jsonl")
+    assert run_record.finished(run, THIS_RUN, total_steps=6) == answer

@@ -1,6 +1,7 @@
 """settings.py: constants read from the environment, checked all at once, planned and shown by source."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -76,3 +77,55 @@ def test_a_model_of_another_architecture_is_refused_from_its_config(tmp_path, ti
         settings.check_model_source(str(tmp_path), "")
     with pytest.raises(InputError, match=r"MODEL_CONFIG .* says model_type 'llama'"):
         settings.check_model_source("", str(tmp_path / "config.json"))
+
+
+@pytest.mark.parametrize(
+    "argv, meant",
+    [
+        (["--lr", "0.5", "--max-steps=3"], "LR=0.5 MAX_STEPS=3"),
+        (["MAX_STEPS=1"], "MAX_STEPS=1"),
+        (["--learning_rate", "1e-5"], "LR=1e-5"),  # another trainer's name
+        (["data.jsonl"], "LR=1e-4 MAX_STEPS=100"),  # nothing it could mean: a generic example
+    ],
+)
+def test_an_argument_fails_with_the_environment_form_of_what_it_seems_to_set(argv, meant):
+    """An ignored `--lr 0.5` would train with the default LR and exit 0."""
+    with pytest.raises(InputError, match=rf"takes no arguments .* e\.g\. {meant} torchrun --nproc_per_node=N"):
+        settings.check_arguments(argv, T.Config, T.__doc__)
+
+
+def test_help_lists_every_constant_with_its_default_and_exits(capsys):
+    with pytest.raises(SystemExit) as e:
+        settings.check_arguments(["--help"], T.Config, T.__doc__)
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("LoRA fine-tuning of Gemma 4")
+    assert all(f"\n  {f.name}={f.default}\n" in out + "\n" for f in dataclasses.fields(T.Config))
+    settings.check_arguments([], T.Config, T.__doc__)  # no arguments: nothing to say
+
+
+def test_values_that_cannot_work_together_fail_and_ignored_ones_warn():
+    with pytest.raises(InputError, match=r"PAD_TO_MULTIPLE=1024 > MAX_LEN=64: every row would be padded past"):
+        settings.check_combinations(T.Config(PAD_TO_MULTIPLE=1024, MAX_LEN=64))
+    assert settings.check_combinations(T.Config(EVAL_EVERY=5)) == [
+        "warning: EVAL_EVERY=5 without EVAL_PATH: nothing to evaluate"
+    ]
+    assert settings.check_combinations(T.Config(EVAL_EVERY=5, EVAL_PATH="eval.jsonl")) == []
+
+
+@pytest.mark.parametrize(
+    "name, value, allowed",
+    [
+        ("WEIGHT_DECAY", "1e6", "in [0, 1]"),  # a slip for 1e-6: AdamW would flip the weights' sign every step
+        ("SEED", "99999999999999999999", "in [0, 2**32)"),  # torch.manual_seed's overflow, after the data loaded
+        ("DIST_TIMEOUT_S", "100000000000000", "> 0 and at most a week"),  # timedelta's overflow, only after step 1
+    ],
+)
+def test_values_beyond_what_the_run_can_use_are_named(name, value, allowed):
+    with pytest.raises(InputError, match=re.escape(f"allowed {allowed}")):
+        settings.read(T.Config, T.ALLOWED, {name: value})
+
+
+def test_an_output_dir_that_is_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "out").write_text("")
+    with pytest.raises(InputError, match=r"^OUTPUT_DIR '.*out' is a file, not a folder$"):
+        settings.check_writable(str(tmp_path / "out"))

@@ -3,12 +3,14 @@
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import (
     BACKENDS,
     RANKS,
@@ -25,6 +27,7 @@ from conftest import (
 
 import chat_data
 import memory_budget
+import settings
 import train_ddp as T
 from collate import IGNORE_INDEX, PadCollate
 from guards import InputError
@@ -422,6 +425,142 @@ def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
             pytest.fail(f"rank {rank} alone did not exit within 60 s: it waits for its peer (a collective)")
         assert proc.returncode == 2, out[-3000:]
         assert re.search(rf"^\[rank {rank}\] error: .*{message}", out, re.M), out[-3000:]
+
+
+def test_ranks_started_with_different_settings_stop_together_at_the_first_collective(tmp_path):
+    """A per-node export gives rank 1 another MICRO_BATCH (a hang at the first collective whose shape differs)
+    and LR (replicas that diverge until the drift check): both ranks stop at once, naming what differs."""
+    port = free_port()
+    base = {**os.environ, **launch_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    base.update(OUTPUT_DIR=str(tmp_path / "out"), NUM_WORKERS="0", MAX_LEN="128", DIST_INIT_TIMEOUT_S="120")
+    differing = [{}, {"MICRO_BATCH": "2", "ACCUM_STEPS": "4", "LR": "1e-3"}]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train_ddp.py")],
+            cwd=ROOT,
+            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **differing[rank]},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            pytest.fail(f"rank {rank} did not stop within 120 s")
+        assert proc.returncode == 2, out[-3000:]
+        assert re.search(
+            rf"^\[rank {rank}\] error: the ranks were started with different settings \(by rank, "
+            r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]\): "
+            r"give every rank the same environment$",
+            out,
+            re.M,
+        ), out[-3000:]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # not one step trained
+
+
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(
+    "env, problem",
+    [
+        (
+            {**MASTER, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "1"},
+            r"RANK=1, LOCAL_RANK=1, WORLD_SIZE=1: each rank must be in",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1"},
+            r"RANK is set but LOCAL_RANK, MASTER_ADDR, MASTER_PORT not: launch with torchrun",
+        ),
+        ({**MASTER, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "two"}, r"must be integers"),
+    ],
+)
+def test_an_impossible_launch_environment_is_named_before_anything_waits(monkeypatch, env, problem):
+    for name in T.LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InputError, match=problem):
+        T.rank_info()
+
+
+def test_a_plain_run_takes_a_free_port(monkeypatch):
+    """Two plain `python train_ddp.py` on one machine: a fixed default port would make the second fail late."""
+    ports = []
+    with socket.socket() as first_job:
+        for _ in range(2):
+            for name in T.LAUNCHER_VARIABLES:
+                monkeypatch.delenv(name, raising=False)
+            assert T.rank_info() == (0, 0, 1)
+            ports.append(int(os.environ["MASTER_PORT"]))
+            if len(ports) == 1:
+                first_job.bind(("127.0.0.1", ports[0]))  # the first job's store holds its port
+                first_job.listen()
+    assert ports[1] != ports[0]
+
+
+@pytest.mark.parametrize("fault", ["peer-never-comes", "port-in-use"])
+def test_a_process_group_that_does_not_form_is_one_line(tmp_path, monkeypatch, fault):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1] if fault == "port-in-use" else free_port()
+        world = "2" if fault == "peer-never-comes" else "1"
+        env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(
+            InputError, match=rf"the process group of {world} ranks at 127\.0\.0\.1:{port} did not form"
+        ):
+            T.init_distributed(torch.device("cpu"), str(tmp_path), timeout_s=3)
+
+
+def test_lora_targets_that_match_more_than_linear_layers_are_refused():
+    """'.*' matches every Linear, and the model itself: PEFT raised a ValueError printing the whole model."""
+    with pytest.raises(
+        InputError, match=r"LORA_TARGETS '\.\*' also matches \d+ modules that are not Linear layers \(\(the whole"
+    ):
+        T.add_lora(T.load_model(CPU, torch.device("cpu")), cpu_config(LORA_TARGETS=".*"))
+
+
+def test_an_eval_set_without_a_target_token_reports_no_loss(tokenizer, tiny_lora_model, tmp_path):
+    """Every answer past MAX_LEN: a loss of 0 (ppl 1.00) would read as a perfect model."""
+    rows = [[{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "Ok"}]] * 2
+    dataset = chat_data.ChatDataset(rows, tokenizer, max_len=64, assistant_only=True)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(CausalLMLoss(tiny_lora_model, 0))
+        result = T.evaluate(model, dataset, PadCollate(tokenizer.pad_token_id, 64), torch.device("cpu"), 1)
+    finally:
+        dist.destroy_process_group()
+    assert result == {"eval_loss": None, "eval_ppl": None, "eval_targets": 0}
+
+
+def test_an_argument_to_the_script_fails_at_once_instead_of_being_ignored(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "train_ddp.py"), "--lr", "0.5"],
+        cwd=tmp_path,
+        env={**os.environ, **launch_env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and not (tmp_path / "out").exists(), run.stdout[-2000:] + run.stderr[-2000:]
+    assert (
+        "error: train_ddp.py takes no arguments (got --lr 0.5): settings are environment variables, set before "
+        "the command, e.g. LR=0.5 torchrun" in run.stderr
+    )
+
+
+def test_the_planner_says_which_of_your_settings_it_replaced(capsys):
+    cfg, sources = settings.read(T.Config, T.ALLOWED, {"MEMORY_TARGET_GIB": "40", "MICRO_BATCH": "4", "LR": "1e-4"})
+    planned, _ = T.plan(cfg, sources, 1, torch.device("cpu"))
+    assert planned.MICRO_BATCH != 4  # the planner keeps MICRO_BATCH x ACCUM_STEPS, not the user's MICRO_BATCH
+    assert "warning: MEMORY_TARGET_GIB=40.0 chooses the layout, over your MICRO_BATCH=4" in capsys.readouterr().out
 
 
 def test_without_torchrun_it_says_how_to_launch_and_still_trains(tmp_path):
