@@ -15,18 +15,21 @@ class PadCollate:
     """Right-pads a list of {"input_ids": [...], "labels": [...]} into batch tensors.
 
     Pad positions get attention_mask 0 and label IGNORE_INDEX, so they are never targets.
-    pad_to_multiple_of rounds the padded length up (tensor-core friendly shapes on GPU).
+    pad_to_multiple_of rounds the padded length up (tensor-core friendly shapes on GPU), never past max_len
+    (the samples' own limit): a multiple larger than MAX_LEN would pad every row beyond it.
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1):
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_len: int | None = None):
         if pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_len = max_len
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(ex["input_ids"]) for ex in examples)
         width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        width = max(longest, min(width, self.max_len or width))
         input_ids = torch.full((len(examples), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
         attention_mask = torch.zeros((len(examples), width), dtype=torch.long)

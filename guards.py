@@ -61,13 +61,13 @@ class JobStopped(RuntimeError):
 
 
 def one_line(e: BaseException, output_dir: str) -> str | None:
-    """The one line for an expected failure: a guard's stop, or a failure to write `output_dir` (a save, the
+    """The one line for an expected failure: a guard's stop, or a failure to use `output_dir` (a save, the
     metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
     if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
     out = Path(output_dir).resolve()
     if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
-        return f"OUTPUT_DIR {out} cannot be written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
+        return f"OUTPUT_DIR {out} cannot be read or written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
     return None
 
 
@@ -132,6 +132,7 @@ class HangWatchdog(threading.Thread):
         )
         self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
         self.stopped = threading.Event()
+        self.reporting = threading.Event()  # the main thread reports a failure: beat on, but leave the exit to it
         self.posted = None
 
     def state(self, only_pending: bool = True) -> tuple[list[dict], int]:
@@ -161,7 +162,8 @@ class HangWatchdog(threading.Thread):
                     f"the launcher is gone (its store does not answer: {type(e).__name__}): "
                     f"stopping after this step with a checkpoint ({self.position})"
                 )
-            if pending and time.time_ns() - pending[0]["time_created_ns"] > (self.timeout_s + self.grace_s) * 1e9:
+            stuck_s = (time.time_ns() - pending[0]["time_created_ns"]) / 1e9 if pending else 0
+            if stuck_s > self.timeout_s + self.grace_s and not self.reporting.is_set():
                 main = sys._current_frames().get(threading.main_thread().ident)
                 here = Path(__file__).parent  # the project's own frames: where the loop waits
                 calls = [
@@ -336,7 +338,9 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
         leave_process_group()
         raise
     except Exception as e:
-        watchdog.stop()
+        # beating on while reporting: a peer that fails at the same moment (both waited in collectives that
+        # do not match) must not read this rank as gone
+        watchdog.reporting.set()
         to_stderr(failure_report(e, watchdog, output_dir))
         record_for_torchrun(e)  # after the report: a peer that died first stays torchrun's root cause
         sys.stdout.flush()

@@ -2,6 +2,7 @@
 
 - check_arguments(): train_ddp.py takes no command-line arguments (--help lists the constants): an argument
   like `--lr 0.5` or `MAX_STEPS=1` after the script would be ignored, so it fails, saying how to set it.
+- ignored(): a warning for a value another one makes ignored (EVAL_EVERY without EVAL_PATH).
 - read(): each constant's environment variable, parsed as its default's type, and where each value came
   from; every unparsable or disallowed value at once, as one InputError (before any collective).
 - misspelled(): environment variables that look like a misspelled constant (MICROBATCH, micro_batch) or
@@ -46,7 +47,9 @@ def check_arguments(argv: list[str], constants: type, doc: str) -> None:
     names = [field.name for field in dataclasses.fields(constants)]
     if "-h" in argv or "--help" in argv:
         defaults = "\n".join(f"  {field.name}={field.default}" for field in dataclasses.fields(constants))
-        print(f"{doc.strip()}\n\nSettings (NAME=value in the environment; these are the defaults):\n{defaults}")
+        print(
+            f"{doc.strip()}\n\nSettings (NAME=value in the environment; the defaults, described in Config):\n{defaults}"
+        )
         raise SystemExit(0)
     meant, words = [], list(argv)
     while words:
@@ -132,14 +135,9 @@ def misspelled(sources: dict, environ=os.environ) -> list[str]:
     return warnings
 
 
-def check_combinations(run) -> list[str]:
-    """Values each allowed alone but not together (`run`: train_ddp.py's Config, read by constant name): an
-    InputError for what cannot work; a warning, returned, for what would be ignored."""
-    if run.PAD_TO_MULTIPLE > run.MAX_LEN:
-        raise InputError(
-            f"PAD_TO_MULTIPLE={run.PAD_TO_MULTIPLE} > MAX_LEN={run.MAX_LEN}: every row would be padded past MAX_LEN; "
-            f"use a multiple of at most MAX_LEN (e.g. 64)"
-        )
+def ignored(run) -> list[str]:
+    """A warning for each value that another makes ignored (`run`: train_ddp.py's Config, read by constant
+    name)."""
     return [f"warning: EVAL_EVERY={run.EVAL_EVERY} without EVAL_PATH: nothing to evaluate"] * bool(
         run.EVAL_EVERY and not run.EVAL_PATH
     )

@@ -202,7 +202,7 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     collate = (
         PackCollate(tokenizer.pad_token_id, run.MAX_LEN)
         if run.PACKING
-        else PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
+        else PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE, run.MAX_LEN)
     )
     # the optimizer step alone; its state exists from here on, so each length's peak below includes it (with
     # OPTIMIZER_OFFLOAD it waits on the host, as in training)
@@ -245,7 +245,7 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     result["eval_first_extra_s"] = 0.0  # each eval length's first pass beyond its second (compile in eval mode)
-    eval_collate = PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE)
+    eval_collate = PadCollate(tokenizer.pad_token_id, run.PAD_TO_MULTIPLE, run.MAX_LEN)
     for row in eval_rows.values():  # as train_ddp.evaluate runs it: no gradients, eval mode
         batch = T.on_device(eval_collate([row] * run.MICRO_BATCH), device)
         seconds = []

@@ -6,10 +6,10 @@
 The story of one DDP job, top to bottom: the constants, process-group init, regex-scoped LoRA, the
 DistributedSampler loader, forward_backward with no_sync, rank-0 checkpoints, then main(). Every constant
 can be overridden by an environment variable of the same name (torchrun passes the environment to every
-rank, so all ranks see the same configuration). The machinery lives beside it: settings.py (reading and
-checking the constants), guards.py (hangs, preemption, failure reports), chat_data.py and collate.py (the
-data), lm_loss.py (the loss DDP wraps), logs.py (metrics), run_record.py (run identity, atomic saves),
-memory_budget.py (the planner).
+rank; the first collective checks that all ranks read the same values). The machinery lives beside it:
+settings.py (reading and checking the constants), guards.py (hangs, preemption, failure reports),
+chat_data.py and collate.py (the data), lm_loss.py (the loss DDP wraps), logs.py (metrics), run_record.py
+(run identity, atomic saves), memory_budget.py (the planner).
 """
 
 import dataclasses
@@ -664,7 +664,7 @@ def main() -> None:
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
     cfg, sources = settings.read(Config, ALLOWED)
-    for warning in settings.misspelled(sources) + settings.check_combinations(cfg):
+    for warning in settings.misspelled(sources) + settings.ignored(cfg):
         say(warning)
     settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)
     settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)
@@ -732,7 +732,7 @@ def main() -> None:
 
         # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
         model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS), device)
-        collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE)  # evaluation: one conversation a row
+        collate = PadCollate(tokenizer.pad_token_id, cfg.PAD_TO_MULTIPLE, cfg.MAX_LEN)  # eval: a conversation a row
         train_collate = PackCollate(tokenizer.pad_token_id, cfg.MAX_LEN) if cfg.PACKING else collate
         n_trainable, n_total = peft_model.get_nb_trainable_parameters()
         say(

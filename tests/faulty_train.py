@@ -8,6 +8,8 @@ a group restarted by --max_restarts resumes and finishes, as after a real one-of
   drift     after the update, this rank's first adapter weight moves by 1e-3: the replicas now differ
   die       after the update the process exits with code 17: no exception, no cleanup
   hang      after the update the process sleeps for an hour: its peers' next collective must time out
+  desync    after the update this rank enters a barrier its peers never enter (a collective under `if rank`):
+            every rank waits, alive, in a collective the others are not in, until the timeout
   vanish    after the update this rank deletes OUTPUT_DIR, as when its storage goes away
   readonly  after the update this rank remounts OUTPUT_DIR read-only (the test mounted a tmpfs there)
   save      exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
@@ -34,7 +36,7 @@ import lm_loss  # noqa: E402
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
-if KIND not in ("nan", "drift", "die", "hang", "vanish", "readonly", "save", "linger"):
+if KIND not in ("nan", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger"):
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
@@ -78,6 +80,8 @@ def after_update(optimizer, args, kwargs) -> None:
         os._exit(17)
     elif KIND == "hang":
         time.sleep(3600)
+    elif KIND == "desync":
+        dist.barrier()
     elif KIND == "vanish":
         shutil.rmtree(os.environ["OUTPUT_DIR"])
     elif KIND == "readonly":

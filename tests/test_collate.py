@@ -23,8 +23,9 @@ def test_right_pads_and_pad_positions_are_never_targets():
     assert batch["labels"][0].tolist() == [IGNORE_INDEX, 6, 7, IGNORE_INDEX, IGNORE_INDEX]
 
 
-def test_pad_to_multiple_of_rounds_the_width_up():
+def test_pad_to_multiple_of_rounds_the_width_up_but_never_past_max_len():
     assert PadCollate(0, pad_to_multiple_of=4)(examples())["input_ids"].shape == (3, 8)
+    assert PadCollate(0, pad_to_multiple_of=64, max_len=6)(examples())["input_ids"].shape == (3, 6)
 
 
 def test_mismatched_labels_are_rejected():

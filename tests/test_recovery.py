@@ -484,6 +484,20 @@ def test_stuck_rank_becomes_an_error_with_a_stack_after_the_timeout(tmp_path, da
         Path(dump).unlink()
 
 
+def test_ranks_waiting_in_collectives_that_do_not_match_time_out_without_calling_each_other_gone(tmp_path, data):
+    """Rank 1 enters a barrier rank 0 never enters: both wait, alive, and fail at the same moment. Each must
+    not read the other's pause while reporting as a dead process ("stopped beating: the process is gone")."""
+    timeout_s = 8
+    job = Job.single_node(
+        job_env(data, tmp_path / "out", FAULT="desync@2@1", EVAL_PATH="", DIST_TIMEOUT_S=str(timeout_s))
+    )
+    t_step2 = job.wait_for("step 2 |")
+    assert job.wait(120) != 0
+    assert job.ended - t_step2 < timeout_s + 20, f"took {job.ended - t_step2:.1f}s"
+    assert "[rank 0] failed after optimizer step 2" in job.output and "Timed out" in job.output, job.output[-4000:]
+    assert "stopped beating" not in job.output, job.output[-4000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ENOUGH_GPUS, reason=f"needs {RANKS} CUDA devices")
 def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record_property):
@@ -760,7 +774,7 @@ def test_an_output_dir_that_vanishes_or_turns_read_only_ends_every_rank_with_a_l
     assert job.ended - t_step1 < int(RUN["DIST_TIMEOUT_S"]), f"took {job.ended - t_step1:.1f}s"
     for rank in (0, 1):
         last = [line for _, line in job.lines if line.startswith(f"[rank {rank}] ")][-1]
-        assert f"OUTPUT_DIR {out.resolve()} cannot be written any more" in last, job.output[-4000:]
+        assert f"OUTPUT_DIR {out.resolve()} cannot be read or written any more" in last, job.output[-4000:]
     assert_gone_soon_after_last_line(job)
 
 

@@ -103,13 +103,9 @@ def test_help_lists_every_constant_with_its_default_and_exits(capsys):
     settings.check_arguments([], T.Config, T.__doc__)  # no arguments: nothing to say
 
 
-def test_values_that_cannot_work_together_fail_and_ignored_ones_warn():
-    with pytest.raises(InputError, match=r"PAD_TO_MULTIPLE=1024 > MAX_LEN=64: every row would be padded past"):
-        settings.check_combinations(T.Config(PAD_TO_MULTIPLE=1024, MAX_LEN=64))
-    assert settings.check_combinations(T.Config(EVAL_EVERY=5)) == [
-        "warning: EVAL_EVERY=5 without EVAL_PATH: nothing to evaluate"
-    ]
-    assert settings.check_combinations(T.Config(EVAL_EVERY=5, EVAL_PATH="eval.jsonl")) == []
+def test_a_value_another_makes_ignored_is_warned_about():
+    assert settings.ignored(T.Config(EVAL_EVERY=5)) == ["warning: EVAL_EVERY=5 without EVAL_PATH: nothing to evaluate"]
+    assert settings.ignored(T.Config(EVAL_EVERY=5, EVAL_PATH="eval.jsonl")) == []
 
 
 @pytest.mark.parametrize(
