@@ -1,4 +1,4 @@
-# Session 10, GPU call 22 (nvidia-h200, 1 GPU; nvidia-h200-x2 not lent all session), at the session's final code.
+# Session 10, GPU call 22 at 960816b (nvidia-h200, 1 GPU; nvidia-h200-x2 not lent all session), at the session's final code.
 # 1. The GPU tests on one GPU (python -m pytest -m gpu: the 2-GPU NCCL tests skip themselves): the job's start
 #    changed (launch environment checked, the process group formed with a one-line failure, the settings compared
 #    across ranks as the first collective, on NCCL an all_gather_object).
