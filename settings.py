@@ -138,9 +138,10 @@ def misspelled(sources: dict, environ=os.environ) -> list[str]:
 def ignored(run) -> list[str]:
     """A warning for each value that another makes ignored (`run`: train_ddp.py's Config, read by constant
     name)."""
-    return [f"warning: EVAL_EVERY={run.EVAL_EVERY} without EVAL_PATH: nothing to evaluate"] * bool(
-        run.EVAL_EVERY and not run.EVAL_PATH
-    )
+    warnings = []
+    if run.EVAL_EVERY and not run.EVAL_PATH:
+        warnings.append(f"warning: EVAL_EVERY={run.EVAL_EVERY} without EVAL_PATH: nothing to evaluate")
+    return warnings
 
 
 def planned(values, sources: dict, chosen: dict) -> tuple:

@@ -300,11 +300,11 @@ def add_lora(model, cfg: Config):
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if not any(re.fullmatch(cfg.LORA_TARGETS, n) for n in linear):
         raise InputError(f"LORA_TARGETS {cfg.LORA_TARGETS!r} matches no Linear module (names look like {linear[:3]})")
-    others = [n or "(the whole model)" for n, m in model.named_modules() if re.fullmatch(cfg.LORA_TARGETS, n)]
-    if others := [n for n in others if n not in linear]:  # PEFT would refuse them, printing the whole model
+    matched = [n or "(the whole model)" for n, _ in model.named_modules() if re.fullmatch(cfg.LORA_TARGETS, n)]
+    if not_linear := [n for n in matched if n not in linear]:  # PEFT would refuse them, printing the whole model
         raise InputError(
-            f"LORA_TARGETS {cfg.LORA_TARGETS!r} also matches {len(others)} modules that are not Linear layers "
-            f"({', '.join(others[:3])}, ...): LoRA goes on Linear layers, e.g. {memory_budget.DEFAULT_TARGETS!r}"
+            f"LORA_TARGETS {cfg.LORA_TARGETS!r} also matches {len(not_linear)} modules that are not Linear layers "
+            f"({', '.join(not_linear[:3])}, ...): LoRA goes on Linear layers, e.g. {memory_budget.DEFAULT_TARGETS!r}"
         )
     lora = LoraConfig(
         r=cfg.LORA_R,

@@ -387,71 +387,63 @@ BAD_INPUTS = {
 }
 
 
+def ranks_started_by_hand(envs: list[dict], timeout: float, waiting: str) -> list[str]:
+    """train_ddp.py once per environment in `envs` (rank r gets envs[r]), as torchrun would start each rank but
+    without torchrun. Every rank must exit with code 2 within `timeout` s (else it is `waiting`). Their outputs."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train_ddp.py")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for env in envs
+    ]
+    outputs = []
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for every in procs:
+                kill_tree(every)
+            pytest.fail(f"rank {rank} did not exit within {timeout} s: {waiting}")
+        assert proc.returncode == 2, out[-3000:]
+        outputs.append(out)
+    return outputs
+
+
+def rank_env(rank: int, port: int, **settings) -> dict:
+    """Rank `rank` of 2 on this machine (CPU, gloo), with `settings` on top of this process's environment."""
+    env = {**os.environ, **launch_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), **settings}
+
+
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_fails_clearly_on_every_rank_without_hanging(tmp_path, case):
     """Each rank of a 2-rank job is started ALONE (as torchrun would start it, but without its peer):
     had it reached init_process_group or any collective, it would wait for the missing rank until the
     timeout. Both exit at once with the same clear error: it is raised before the first collective."""
     make_data, env, message = BAD_INPUTS[case]
+    settings = {
+        "DATA_PATH": str(make_data(tmp_path)),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "DIST_TIMEOUT_S": "120",
+        **{k: v.replace("__TMP__", str(tmp_path)) for k, v in env.items()},
+    }
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "train_ddp.py")],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={
-                **os.environ,
-                "CUDA_VISIBLE_DEVICES": "",
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "DATA_PATH": str(make_data(tmp_path)),
-                "OUTPUT_DIR": str(tmp_path / "out"),
-                "DIST_TIMEOUT_S": "120",
-                **{k: v.replace("__TMP__", str(tmp_path)) for k, v in env.items()},
-            },
-        )
-        for rank in (0, 1)
-    ]
-    for rank, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            pytest.fail(f"rank {rank} alone did not exit within 60 s: it waits for its peer (a collective)")
-        assert proc.returncode == 2, out[-3000:]
+    envs = [rank_env(rank, port, **settings) for rank in (0, 1)]
+    for rank, out in enumerate(ranks_started_by_hand(envs, 60, "it waits for its peer (a collective)")):
         assert re.search(rf"^\[rank {rank}\] error: .*{message}", out, re.M), out[-3000:]
 
 
 def test_ranks_started_with_different_settings_stop_together_at_the_first_collective(tmp_path):
     """A per-node export gives rank 1 another MICRO_BATCH (a hang at the first collective whose shape differs)
     and LR (replicas that diverge until the drift check): both ranks stop at once, naming what differs."""
-    port = free_port()
-    base = {**os.environ, **launch_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    base.update(OUTPUT_DIR=str(tmp_path / "out"), NUM_WORKERS="0", MAX_LEN="128", DIST_INIT_TIMEOUT_S="120")
-    differing = [{}, {"MICRO_BATCH": "2", "ACCUM_STEPS": "4", "LR": "1e-3"}]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "train_ddp.py")],
-            cwd=ROOT,
-            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **differing[rank]},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    for rank, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            pytest.fail(f"rank {rank} did not stop within 120 s")
-        assert proc.returncode == 2, out[-3000:]
+    port, same = free_port(), {"OUTPUT_DIR": str(tmp_path / "out"), "NUM_WORKERS": "0", "MAX_LEN": "128"}
+    envs = [rank_env(0, port, **same), rank_env(1, port, **same, MICRO_BATCH="2", ACCUM_STEPS="4", LR="1e-3")]
+    for rank, out in enumerate(ranks_started_by_hand(envs, 120, "the ranks train on, or wait, with other settings")):
         assert re.search(
             rf"^\[rank {rank}\] error: the ranks were started with different settings \(by rank, "
             r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]\): "
