@@ -169,40 +169,35 @@ def readable_size(n_bytes: float) -> str:
         n_bytes /= 1024
 
 
-def finished(run, current: dict, total_steps: int) -> str | None:
-    """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`) with RESUME=auto:
-    None if it has steps left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ
-    from those it was trained on (the run is complete all the same). An intact adapter of another run, or of this
-    run but incomplete, with no checkpoint beside it to continue, is refused: training would start from scratch
-    and replace it."""
-    if run.RESUME != "auto":
-        return None
+def final_adapter(run, current: dict) -> tuple[list[str], int] | None:
+    """OUTPUT_DIR's final adapter if it is intact: how its run differs from this one (identity `current`), and
+    the step it reached; None if there is none."""
     adapter = Path(run.OUTPUT_DIR) / "adapter"
     if not (adapter / "run.json").is_file() or damage(adapter) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
-    changes = differences(saved["identity"], current, "adapter")
+    return differences(saved["identity"], current, "adapter"), saved["progress"]["step"]
+
+
+def finished(run, current: dict, total_steps: int) -> str | None:
+    """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`) with RESUME=auto:
+    None if it has steps left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ
+    from those it was trained on (the run is complete all the same)."""
+    if run.RESUME != "auto" or (adapter := final_adapter(run, current)) is None:
+        return None
+    changes, step = adapter
     data = [c for c in changes if c.startswith("data_sha256")]
-    step = saved["progress"]["step"]
-    if step >= total_steps and len(changes) == len(data):
-        return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
-    checkpoints = Path(run.OUTPUT_DIR) / "checkpoints"
-    if not any(checkpoints.glob("step-*")):  # with one, checkpoint_to_resume continues or refuses it
-        if step < total_steps:
-            changes.append(f"steps: adapter {step}, now {total_steps}")
-        raise InputError(
-            f"{adapter} is the final adapter of another run ({'; '.join(changes)}) and {checkpoints} holds no "
-            f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "
-            f"another OUTPUT_DIR"
-        )
-    return None
+    if step < total_steps or len(changes) > len(data):
+        return None
+    return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
 
 
-def checkpoint_to_resume(run, current: dict) -> Path | None:
-    """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`)
-    continues: RESUME's path or, with "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named
-    and skipped); None for a fresh start. One written by another run (see identity()) is named and refused,
-    unless RESUME_ALLOW_CHANGES allows the differences."""
+def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
+    """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; asked
+    once finished() says it is not complete) continues: RESUME's path or, with "auto", the newest intact one in
+    OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh start. One written by another run
+    (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES allows the differences; so is a fresh
+    start over the final adapter of another run (or of this one, incomplete), unless RESUME='' asks for it."""
     resume = run.RESUME
     if not resume:
         return None
@@ -218,6 +213,15 @@ def checkpoint_to_resume(run, current: dict) -> Path | None:
                 raise InputError(
                     f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
                     f"move them away, or start fresh with RESUME=''"
+                )
+            if (adapter := final_adapter(run, current)) is not None:
+                changes, step = adapter
+                if step < total_steps:
+                    changes.append(f"steps: adapter {step}, now {total_steps}")
+                raise InputError(
+                    f"{Path(run.OUTPUT_DIR) / 'adapter'} is the final adapter of another run ({'; '.join(changes)}) "
+                    f"and {Path(run.OUTPUT_DIR) / 'checkpoints'} holds no checkpoint to continue: train from scratch "
+                    f"over it (replacing that adapter) with RESUME='', or use another OUTPUT_DIR"
                 )
             return None
     else:

@@ -8,6 +8,7 @@
 - misspelled(): environment variables that look like a misspelled constant (MICROBATCH, micro_batch) or
   name one the way other trainers do (LEARNING_RATE).
 - planned(): the same settings with the planner's choices, marked as such.
+- launch_ranks(): rank, local rank and world size from torchrun's variables, a partial or impossible set named.
 - check_model_source(), check_pattern(), check_writable(): a missing model or one of another architecture, a
   regex that does not compile, an unwritable OUTPUT_DIR: each fails at once, before anything slow.
 - record(), show(): the settings grouped by source, printed once and saved with the run.
@@ -177,6 +178,32 @@ def check_pattern(name: str, pattern: str) -> None:
             f"{name}={pattern!r}: not a regular expression ({e}); PEFT full-matches it against module names, "
             r"e.g. '.*language_model.*\.(q_proj|v_proj)'"
         ) from None
+
+
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets them all
+
+
+def launch_ranks(environ) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the launcher's variables in `environ`. A partial or impossible set (a
+    leftover RANK export, RANK >= WORLD_SIZE) would fail late, or wait for ranks that never come."""
+    if missing := [name for name in LAUNCHER_VARIABLES if not environ.get(name)]:
+        raise InputError(
+            f"RANK is set but {', '.join(missing)} not: launch with torchrun (it sets all of "
+            f"{', '.join(LAUNCHER_VARIABLES)}), or unset RANK to train as one process"
+        )
+    try:
+        rank, local_rank, world = (int(environ[name]) for name in LAUNCHER_VARIABLES[:3])
+    except ValueError:
+        raise InputError(
+            f"RANK, LOCAL_RANK and WORLD_SIZE must be integers: {environ['RANK']!r}, {environ['LOCAL_RANK']!r}, "
+            f"{environ['WORLD_SIZE']!r}"
+        ) from None
+    if not (0 <= rank < world and 0 <= local_rank < world):
+        raise InputError(
+            f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world}: each rank must be in [0, WORLD_SIZE) "
+            f"(this rank would wait for the process group until DIST_INIT_TIMEOUT_S)"
+        )
+    return rank, local_rank, world
 
 
 def check_model_source(model_id: str, model_config: str) -> None:

@@ -181,13 +181,10 @@ def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[
 
 # ----------------------------------------------------------------------------------------------
 # Process group
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets them all
-
-
 def rank_info() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from torchrun's environment; a plain `python train_ddp.py` is rank 0 of 1,
-    on a free port (a second plain run on the machine must not collide with the first). A partial or impossible
-    environment (a leftover RANK export, RANK >= WORLD_SIZE) would fail late or wait for ranks that never come."""
+    """(rank, local_rank, world_size) from torchrun's environment, checked (settings.launch_ranks); a plain
+    `python train_ddp.py` is rank 0 of 1, on a free port (a second plain run on the machine must not collide
+    with the first)."""
     if "RANK" not in os.environ:
         port = os.environ.get("MASTER_PORT")
         if not port:
@@ -195,24 +192,7 @@ def rank_info() -> tuple[int, int, int]:
                 probe.bind(("127.0.0.1", 0))
                 port = str(probe.getsockname()[1])
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    if missing := [name for name in LAUNCHER_VARIABLES if not os.environ.get(name)]:
-        raise InputError(
-            f"RANK is set but {', '.join(missing)} not: launch with torchrun (it sets all of "
-            f"{', '.join(LAUNCHER_VARIABLES)}), or unset RANK to train as one process"
-        )
-    try:
-        rank, local_rank, world = (int(os.environ[name]) for name in LAUNCHER_VARIABLES[:3])
-    except ValueError:
-        raise InputError(
-            f"RANK, LOCAL_RANK and WORLD_SIZE must be integers: {os.environ['RANK']!r}, "
-            f"{os.environ['LOCAL_RANK']!r}, {os.environ['WORLD_SIZE']!r}"
-        ) from None
-    if not (0 <= rank < world and 0 <= local_rank < world):
-        raise InputError(
-            f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world}: each rank must be in [0, WORLD_SIZE) "
-            f"(this rank would wait for the process group until DIST_INIT_TIMEOUT_S)"
-        )
-    return rank, local_rank, world
+    return settings.launch_ranks(os.environ)
 
 
 def rank_device(local_rank: int) -> torch.device:
@@ -689,7 +669,7 @@ def main() -> None:
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
     say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
     finished = run_record.finished(cfg, identity, total_steps)
-    resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity)
+    resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
     run_config = {
         "settings": settings.record(cfg, sources),
         "identity": identity,
@@ -713,7 +693,8 @@ def main() -> None:
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR):
         # The first collective compares what every rank read: one rank with another environment stops them all.
-        guards.check_same_settings(run_config["settings"], identity, MAY_DIFFER_BY_RANK)
+        eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
+        guards.check_same_settings(run_config["settings"], {**identity, "eval_sha256": eval_sha256}, MAY_DIFFER_BY_RANK)
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
         if already_complete(finished, cfg, total_steps, device):
             return

@@ -43,14 +43,20 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     assert other_version == ident[a] and ident[a]["samples_per_rank_step"] == 8
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
-    folder = tmp_path / "step-00000002"
-    folder.mkdir()
+def saved_run(folder, identity, step, trainer_state=True):
+    """A folder as train_ddp.py publishes it: a checkpoint, or (without trainer_state.pt) the final adapter."""
+    folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 40)
-    (folder / "trainer_state.pt").write_bytes(b"state" * 100)
+    if trainer_state:
+        (folder / "trainer_state.pt").write_bytes(b"state" * 100)
+    run_record.write_run_json(folder, {"identity": identity}, {"epoch": 0, "step": step, "step_in_epoch": step})
     run_record.write_manifest(folder)
     return folder
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return saved_run(tmp_path / "step-00000002", {"LR": 2e-4}, 2)
 
 
 def test_an_intact_checkpoint_has_no_damage(checkpoint):
@@ -117,15 +123,19 @@ def test_a_lock_from_another_host_is_stale_only_when_nobody_refreshes_it(tmp_pat
     lock.release()
 
 
-def saved_run(folder, identity, step, trainer_state=True):
-    """A folder as train_ddp.py publishes it: a checkpoint, or (without trainer_state.pt) the final adapter."""
-    folder.mkdir(parents=True)
-    (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)))
-    if trainer_state:
-        (folder / "trainer_state.pt").write_bytes(b"state")
-    run_record.write_run_json(folder, {"identity": identity}, {"epoch": 0, "step": step, "step_in_epoch": step})
-    run_record.write_manifest(folder)
-    return folder
+def test_resume_picks_the_newest_intact_checkpoint(tmp_path, capsys):
+    ckpts, identity = tmp_path / "checkpoints", {"LR": 2e-4}
+    for name in ("step-00000002", "step-00000004", ".old-step-00000005", ".tmp-step-00000006"):
+        saved_run(ckpts / name, identity, 2)
+    (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
+    assert run_record.checkpoint_to_resume(run, identity, 4) == ckpts / "step-00000004"
+    assert (
+        f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
+    )
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity, 4) is None
+    with pytest.raises(InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity, 4)
 
 
 def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
@@ -134,14 +144,14 @@ def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
     saved_run(tmp_path / "checkpoints" / "step-00000002", identity, 2)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(adapter))
     with pytest.raises(InputError) as refused:
-        run_record.checkpoint_to_resume(run, identity)
+        run_record.checkpoint_to_resume(run, identity, 2)
     assert str(refused.value) == (
         f"RESUME={str(adapter)!r} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer "
         f"state, no progress), so training cannot continue from it; RESUME takes a checkpoint folder "
         f"(OUTPUT_DIR/checkpoints/step-N), 'auto' (the newest in OUTPUT_DIR) or '' (a fresh start)"
     )
     checkpoint = tmp_path / "checkpoints" / "step-00000002"  # beside it, the same run's checkpoint resumes
-    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity) == checkpoint
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity, 2) == checkpoint
 
 
 TAKES = r"RESUME takes a checkpoint folder \(OUTPUT_DIR/checkpoints/step-N\), 'auto' \(the newest in OUTPUT_DIR\) or ''"
@@ -174,7 +184,7 @@ def test_a_resume_path_that_is_no_checkpoint_folder_says_what_it_is_and_what_res
     (tmp_path / "notes.txt").write_text("a file")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match=expected):
-        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4})
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4}, 2)
 
 
 THIS_RUN = {"LR": 1e-4, "world_size": 2, "data_sha256": "a"}
@@ -202,7 +212,7 @@ def test_an_adapter_of_another_run_with_no_checkpoint_to_continue_is_not_trained
 ):
     out = output_dir_after_a_run(tmp_path, saved, step)
     with pytest.raises(InputError) as refused:
-        run_record.finished(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, total_steps=6)
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, total_steps=6)
     assert str(refused.value) == (
         f"{out / 'adapter'} is the final adapter of another run ({listed}) and {out / 'checkpoints'} holds no "
         f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "

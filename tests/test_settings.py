@@ -125,3 +125,29 @@ def test_an_output_dir_that_is_a_file_is_named_as_such(tmp_path):
     (tmp_path / "out").write_text("")
     with pytest.raises(InputError, match=r"^OUTPUT_DIR '.*out' is a file, not a folder$"):
         settings.check_writable(str(tmp_path / "out"))
+
+
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(
+    "env, problem",
+    [
+        (
+            {**MASTER, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+            r"RANK=2, LOCAL_RANK=0, WORLD_SIZE=2: each rank must be in",
+        ),
+        (
+            {**MASTER, "RANK": "0", "LOCAL_RANK": "-1", "WORLD_SIZE": "2"},
+            r"RANK=0, LOCAL_RANK=-1, WORLD_SIZE=2: each rank must be in",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1"},
+            r"RANK is set but LOCAL_RANK, MASTER_ADDR, MASTER_PORT not: launch with torchrun",
+        ),
+        ({**MASTER, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "two"}, r"must be integers"),
+    ],
+)
+def test_an_impossible_launch_environment_is_named_before_anything_waits(env, problem):
+    with pytest.raises(InputError, match=problem):
+        settings.launch_ranks(env)
