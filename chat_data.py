@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,10 +44,11 @@ NOT_JSONL = {
 
 
 def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
-    """Parse and validate every row up front, so bad data fails on every rank before training starts. A UTF-8
-    byte-order mark is skipped; content given as a list of text parts is joined (one part per line). Text that
-    spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer would read it as
-    that token, a fake turn or end of text inside a message."""
+    """Parse and validate every row up front, so bad data fails on every rank before training starts; the first
+    bad row is named, with the count and lines of the others. A UTF-8 byte-order mark is skipped; content given
+    as a list of text parts is joined (one part per line). Text that spells one of the tokenizer's
+    `control_tokens` (control_tokens()) is refused: the tokenizer would read it as that token, a fake turn or end
+    of text inside a message."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -56,41 +58,30 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
             raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
     lines = data.removeprefix(codecs.BOM_UTF8).splitlines()
     control_text = any_of(control_tokens)
-    rows, empty, control = [], [], {}  # control: {line: (message, the token its text spells)}
+    rows, bad, empty, control = [], {}, [], {}  # bad: {line: error}; control: {line: (message, token it spells)}
     for lineno, raw in enumerate(lines, 1):
-        where = f"{path}:{lineno}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(
-                f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
-            ) from None
-        if not line.strip():
+        if not raw.strip():
             continue
-        if not rows and line.lstrip().startswith("["):
+        if not rows and not bad and raw.lstrip().startswith(b"["):
             raise InputError(
-                f"{where}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
+                f"{path}:{lineno}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
                 f'python -c "import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]" '
                 f"{path} > {Path(path).stem}.jsonl"
             )
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        messages = row.get("messages") if isinstance(row, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
-        messages = [checked_message(m, f"{where}: message {j}") for j, m in enumerate(messages)]
-        if messages[0]["role"] == "assistant":
-            raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
-        if not any(m["role"] == "assistant" for m in messages):
-            raise InputError(f"{where}: no assistant message, nothing to train on")
-        if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+            messages = checked_row(raw, path, lineno)
+        except InputError as e:
+            bad[lineno] = str(e)
+            continue
+        if any(m["role"] == "assistant" and not visible(m["content"]) for m in messages):
             empty.append(lineno)
         for j, m in enumerate(messages):
             if found := control_text.search(m["content"]):
                 control.setdefault(lineno, (j, found[0]))
         rows.append(messages)
+    if bad:
+        first, more = next(iter(bad.values())), list(bad)[1:]
+        raise InputError(first + (f" (and {len(more)} more bad row(s): lines {first_lines(more)})" if more else ""))
     if empty:
         raise InputError(
             f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
@@ -107,6 +98,40 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     if not rows:
         raise InputError(f"{path}: no examples (the file is empty)")
     return rows
+
+
+def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
+    """One JSON Lines row (`raw`, line `lineno` of `path`) as its list of checked messages."""
+    where = f"{path}:{lineno}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
+        ) from None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}){json_hint(line, e, path)}"
+        ) from None
+    messages = row.get("messages") if isinstance(row, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
+    messages = [checked_message(m, f"{where}: message {j}") for j, m in enumerate(messages)]
+    if messages[0]["role"] == "assistant":
+        raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InputError(f"{where}: no assistant message, nothing to train on")
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        raise InputError(f"{where}: every assistant message has weight 0, nothing to train on")
+    return messages
+
+
+def visible(text: str) -> bool:
+    """Whether `text` shows anything: not only white space and invisible format characters (zero-width space,
+    word joiner, byte-order mark)."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
 
 
 def first_lines(lines: list[int]) -> str:
@@ -142,13 +167,33 @@ def any_of(words: Sequence[str]) -> re.Pattern:
     return re.compile(pattern(trie) or "(?!)")  # no words: a pattern that never matches
 
 
+# message fields the chat template does not render: training would leave their text out without a word
+NOT_RENDERED = {
+    "tool_calls": "tool calls are not trained on here: drop the row",
+    "function_call": "tool calls are not trained on here: drop the row",
+    **dict.fromkeys(
+        ("reasoning_content", "reasoning", "thinking"),
+        "thinking traces are not trained on here (Gemma 4's template leaves them out of a conversation's history): "
+        "drop the field to train on the answer alone, or drop the row",
+    ),
+}
+
+
 def checked_message(m, where: str) -> dict:
-    """One message as {"role", "content": str}; content parts ([{"type": "text", "text": ...}]) joined."""
+    """One message as {"role", "content": str, ...}; content parts ([{"type": "text", "text": ...}]) joined.
+    OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         role = m.get("role") if isinstance(m, dict) else m
         known = str(role).lower()
         hint = f"; {OTHER_ROLES[known]}" if known in OTHER_ROLES else f"; rename it {known!r}" if known in ROLES else ""
         raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)}){hint}")
+    if field := next((f for f in NOT_RENDERED if m.get(f)), None):
+        raise InputError(f"{where}: has {field!r}, which the chat template does not render; {NOT_RENDERED[field]}")
+    if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1)):
+        raise InputError(
+            f"{where}: 'weight' {m['weight']!r} on a {m['role']} message; it is 0 or 1, on assistant messages "
+            f"(0: the answer is context, not trained on)"
+        )
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):
@@ -159,9 +204,34 @@ def checked_message(m, where: str) -> dict:
                     f"can be trained on here: drop that part or the row"
                 )
         content = "\n".join(part["text"] for part in content)
+    if content is None and m.get("refusal"):
+        raise InputError(f"{where}: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'")
     if not isinstance(content, str):
-        raise InputError(f"{where}: 'content' must be a string (or a list of text parts)")
+        raise InputError(
+            f"{where}: 'content' is {json.dumps(content)[:40]}; it must be a string (or a list of text parts)"
+        )
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(
+            f"{where}: 'content' has a lone surrogate ({content[e.start]!r} at character {e.start + 1}), which is "
+            f"not Unicode text: a broken \\u escape in the JSON; fix or drop the row"
+        ) from None
     return {**m, "content": content}
+
+
+def json_hint(line: str, error: json.JSONDecodeError, path: str) -> str:
+    """What a line that is not JSON most likely is, and what to do."""
+    if line.lstrip().startswith(("//", "#")):
+        return "; a comment line: JSON Lines has no comments, delete it"
+    if "control character" in error.msg:
+        return "; a raw tab or line break inside a string: write it escaped (\\t, \\n)"
+    if line.strip() in ("{", "}") or re.match(r'\s*"[^"]*"\s*:', line):
+        return (
+            f"; this looks like JSON spread over several lines: write one object per line, e.g. "
+            f"jq -c . {shlex.quote(path)} > OUT.jsonl"
+        )
+    return ""
 
 
 def format_hint(row) -> str:
@@ -177,6 +247,23 @@ def format_hint(row) -> str:
             )
         if isinstance(turns, list):
             return f"; it has {key!r}: rename that key to 'messages'"
+    if isinstance(row.get("messages"), dict):
+        return "; its 'messages' is one object: make it a list of messages, [...]"
+    if {"prompt", "completion"} <= row.keys() and isinstance(row["prompt"], list):
+        return (
+            "; this looks like conversational prompt/completion (lists of messages): write "
+            '{"messages": prompt + completion}'
+        )
+    if {"chosen", "rejected"} <= row.keys():
+        return (
+            "; this looks like a preference pair (chosen/rejected, for DPO-style training): for fine-tuning on the "
+            "chosen answer, write {\"messages\": [...the prompt's messages, then chosen's]}"
+        )
+    if {"instruction", "output"} <= row.keys():
+        return (
+            '; this looks like Alpaca: write {"messages": [{"role": "user", "content": instruction, then a blank line '
+            'and input if any}, {"role": "assistant", "content": output}]}'
+        )
     if {"prompt", "completion"} <= row.keys():
         return (
             '; this looks like prompt/completion: write {"messages": [{"role": "user", "content": prompt}, '
@@ -199,30 +286,72 @@ def chat_tokenizer(model_id: str):
     return tokenizer
 
 
+END_OF_TURN = "<turn|>"  # Gemma 4's end of a turn: the last token an answer is trained to produce
+
+
+@functools.cache
+def answer_cue(tokenizer) -> tuple[str, str]:
+    """How the chat template opens an assistant turn: (the header that the turn, rendered as history, starts
+    with; the text the generation prompt adds after that header). The templates of Gemma 4's larger checkpoints
+    end the generation prompt with an empty thought block ('<|channel>thought\\n<channel|>', thinking off) that
+    their history drops; other templates (the tiny model's) add nothing. Read off a probe conversation."""
+    user = [{"role": "user", "content": "x"}]
+    before = tokenizer.apply_chat_template(user, tokenize=False)
+    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)[len(before) :]
+    turn = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": "y"}], tokenize=False)
+    header = os.path.commonprefix([prompt, turn[len(before) :]])
+    return header, prompt[len(header) :]
+
+
+def training_text(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as it is trained on, and the character spans of its answers (each assistant turn's text
+    through its end-of-turn marker; none for a turn of weight 0). That is the template's rendering, with each
+    assistant turn opened as the generation prompt opens it: what the model sees at inference before it answers
+    (answer_cue; the text put in is not a target)."""
+    render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
+    history = render(messages)
+    pieces, answers, copied = [], [], 0  # copied: characters of `history` taken so far
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before, through = render(messages[:i]), render(messages[: i + 1])
+        cue = render(messages[:i], add_generation_prompt=True).removeprefix(before)
+        if not (history.startswith(through) and through.startswith(before)):
+            raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
+        turn = through[len(before) :]
+        header, extra = (cue, "") if turn.startswith(cue) else answer_cue(tokenizer)
+        if header + extra != cue or not turn.startswith(header):
+            raise InputError(
+                f"the chat template's generation prompt ({cue!r}) does not open the assistant turn as its history "
+                f"does ({turn[:40]!r}...): cannot place the answer"
+            )
+        start = len(before) + len(header)
+        marker = turn.rfind(END_OF_TURN)
+        end = len(before) + (marker + len(END_OF_TURN) if marker >= len(header) else len(turn))
+        pieces += [history[copied:start], extra]
+        copied = start
+        shift = sum(map(len, pieces)) - start  # characters put in so far
+        if m.get("weight", 1):
+            answers.append((start + shift, end + shift))
+    return "".join(pieces) + history[copied:], answers
+
+
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
-    """Token ids and labels for one conversation. With assistant_only, labels are -100 except on each
-    assistant turn's tokens through its end-of-turn token (the template emits <bos>: never add it twice)."""
-
-    def render(msgs, add_generation_prompt=False):
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    input_ids = render(messages)
+    """Token ids and labels for one conversation (training_text(), tokenized once). With assistant_only, labels
+    are -100 except on the tokens of each answer (a token that spans its first character included)."""
+    text, answers = training_text(tokenizer, messages)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # the text has its <bos>
+    input_ids = encoded["input_ids"]
     if not assistant_only:
         labels = list(input_ids)
     else:
-        labels = [IGNORE_INDEX] * len(input_ids)
-        end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            start = len(render(messages[:i], add_generation_prompt=True))
-            upto = render(messages[: i + 1])
-            if upto != input_ids[: len(upto)]:
-                raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
-            turn = upto[start:]
-            end = start + (len(turn) - turn[::-1].index(end_of_turn) if end_of_turn in turn else len(turn))
-            labels[start:end] = input_ids[start:end]
+        labels, spans = [IGNORE_INDEX] * len(input_ids), iter(answers)
+        span = next(spans, None)
+        for j, (first, last) in enumerate(encoded["offset_mapping"]):
+            while span is not None and span[1] <= first:
+                span = next(spans, None)
+            if span is not None and first < span[1] and span[0] < last:
+                labels[j] = input_ids[j]
     return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
 
 
@@ -249,7 +378,7 @@ class ChatDataset(Dataset):
             return json.loads(self.lengths_file.read_text())
         lengths = []
         for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
-            texts = [self.tokenizer.apply_chat_template(c, tokenize=False) for c in self.conversations[at : at + 1024]]
+            texts = [training_text(self.tokenizer, c)[0] for c in self.conversations[at : at + 1024]]
             lengths += [
                 min(len(ids), self.max_len) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             ]

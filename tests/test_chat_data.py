@@ -16,9 +16,8 @@ from collate import IGNORE_INDEX
 from guards import InputError
 
 
-@pytest.mark.parametrize(
-    "messages",
-    [
+@pytest.fixture(
+    params=[
         [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello!"}],
         [
             {"role": "system", "content": "Be brief."},
@@ -38,22 +37,57 @@ from guards import InputError
     ],
     ids=["single-turn", "system+multi-turn", "three-turns"],
 )
-def test_targets_are_exactly_the_assistant_turns(tokenizer, messages):
-    ex = chat_data.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
+def messages(request):
+    return request.param
+
+
+@pytest.fixture(scope="module", params=["tiny", "thinking-off"])
+def any_template(request, tokenizer):
+    """The tiny model's tokenizer, and the same with the generation prompt of Gemma 4's larger checkpoints (thinking
+    off): '<|turn>model\\n' then an empty thought block, which the turn rendered as history does not have."""
+    if request.param == "tiny":
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    thinking_off = AutoTokenizer.from_pretrained(TINY_MODEL)
+    thinking_off.add_tokens(["<|channel>", "<channel|>"], special_tokens=True)
+    opens = "{{ '<|turn>model\n' }}"
+    assert opens in thinking_off.chat_template
+    thinking_off.chat_template = thinking_off.chat_template.replace(
+        opens, "{{ '<|turn>model\n<|channel>thought\n<channel|>' }}"
+    )
+    return thinking_off
+
+
+def answer_spans(ids: list[int], labels: list[int]) -> list[tuple[int, int]]:
+    """(first, end) of each run of targets; every target is its own token."""
+    spans, first = [], None
+    for j, (i, lab) in enumerate([*zip(ids, labels, strict=True), (None, IGNORE_INDEX)]):
+        assert lab in (IGNORE_INDEX, i)
+        if lab != IGNORE_INDEX and first is None:
+            first = j
+        elif lab == IGNORE_INDEX and first is not None:
+            spans, first = [*spans, (first, j)], None
+    return spans
+
+
+def test_targets_are_exactly_the_answers_each_after_the_generation_prompt(any_template, messages):
+    """What is trained is what inference asks for: each answer (and its end of turn) follows the generation
+    prompt's cue, a first answer exactly the prompt a server sends for it. (Earlier answers keep their cue in the
+    history of later ones: a single row cannot also be the history a server renders without it.)"""
+    tok = any_template
+    ex = chat_data.tokenize_conversation(tok, messages, max_len=4096, assistant_only=True)
     ids, labels = ex["input_ids"], ex["labels"]
-    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # <bos> once
-    spans, current = [], []
-    for i, lab in zip(ids, labels, strict=True):
-        if lab == IGNORE_INDEX:
-            if current:
-                spans.append(current)
-            current = []
-        else:
-            assert lab == i
-            current.append(i)
-    spans += [current] if current else []
-    expected = [m["content"] + "<turn|>" for m in messages if m["role"] == "assistant"]
-    assert [tokenizer.decode(s) for s in spans] == expected
+    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id  # <bos> once
+    spans = answer_spans(ids, labels)
+    assert [tok.decode(ids[a:b]) for a, b in spans] == [
+        m["content"] + "<turn|>" for m in messages if m["role"] == "assistant"
+    ]
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prompt = tok.apply_chat_template(messages[:first], tokenize=False, add_generation_prompt=True)
+    assert ids[: spans[0][0]] == tok(prompt, add_special_tokens=False)["input_ids"]
+    cue = tok(prompt.removeprefix(tok.apply_chat_template(messages[:first], tokenize=False)), add_special_tokens=False)
+    assert all(ids[a - len(cue["input_ids"]) : a] == cue["input_ids"] for a, _ in spans)
 
 
 def test_without_assistant_only_every_token_is_a_target(tokenizer):
@@ -78,8 +112,75 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         ),
         ('{"messages": [{"role": "user", "content": "x"}]}', "2: no assistant message, nothing to train on"),
         ("{not json", "2: not valid JSON"),
+        (
+            "// rows below",
+            "2: not valid JSON (Expecting value at column 1); a comment line: JSON Lines has no comments",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "a\tb"}]}',
+            "2: not valid JSON (Invalid control character at column",
+        ),
+        ('  "messages": [', "2: not valid JSON (Extra data at column 13); this looks like JSON spread over several"),
+        (
+            '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Let me look.", '
+            '"tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}',
+            "2: message 1: has 'tool_calls', which the chat template does not render; tool calls are not trained",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", '
+            '"reasoning_content": "Two and two."}]}',
+            "2: message 1: has 'reasoning_content', which the chat template does not render; thinking traces",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Hack it"}, {"role": "assistant", "content": null, '
+            '"refusal": "I cannot help with that."}]}',
+            "2: message 1: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Hi", "weight": 0}, {"role": "assistant", "content": "Yo"}]}',
+            "2: message 0: 'weight' 0 on a user message; it is 0 or 1, on assistant messages",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "weight": 0}]}',
+            "2: every assistant message has weight 0, nothing to train on",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "a\\ud800b"}, {"role": "assistant", "content": "Yo"}]}',
+            "2: message 0: 'content' has a lone surrogate ('\\ud800' at character 2), which is not Unicode text",
+        ),
+        (
+            '{"instruction": "Add", "input": "2, 2", "output": "4"}',
+            "2: expected an object with a non-empty 'messages' list; this looks like Alpaca",
+        ),
+        (
+            '{"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]}',
+            "2: expected an object with a non-empty 'messages' list; this looks like conversational prompt/completion "
+            '(lists of messages): write {"messages": prompt + completion}',
+        ),
+        (
+            '{"prompt": "Hi", "chosen": "Yo", "rejected": "Go"}',
+            "2: expected an object with a non-empty 'messages' list; this looks like a preference pair",
+        ),
     ],
-    ids=["role", "gemma-role", "capitalised-role", "no-assistant", "json"],
+    ids=[
+        "role",
+        "gemma-role",
+        "capitalised-role",
+        "no-assistant",
+        "json",
+        "comment",
+        "raw-tab",
+        "pretty-printed",
+        "tool-calls",
+        "reasoning",
+        "refusal",
+        "weight-on-user",
+        "all-weight-0",
+        "lone-surrogate",
+        "alpaca",
+        "conversational-prompt-completion",
+        "preference",
+    ],
 )
 def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
     path = tmp_path / "chat.jsonl"
@@ -176,6 +277,56 @@ def test_an_empty_assistant_turn_is_refused_with_the_count_of_such_rows(tmp_path
     assert str(e.value).startswith(f"{path}:2: an assistant turn with empty content, in 2 row(s) (lines 2, 4); drop")
 
 
+def test_every_bad_row_is_counted_not_only_the_first(tmp_path):
+    """A mix of formats (some rows ShareGPT) is named by its first bad row, with the lines of the others."""
+    sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
+    path = write_chat(tmp_path, chat("a", "b"), sharegpt, chat("c", "d"), sharegpt, sharegpt)
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(path)
+    assert str(e.value).startswith(f"{path}:2: expected an object with a non-empty 'messages' list; this looks like")
+    assert str(e.value).endswith("(and 2 more bad row(s): lines 4, 5)")
+
+
+def test_an_answer_of_invisible_characters_is_an_empty_answer(tmp_path):
+    path = write_chat(tmp_path, chat("a", "b"), chat("c", "\u200b"), chat("d", "\ufeff\u2060 "), chat("e", "\u00a0"))
+    with pytest.raises(
+        InputError, match=r"chat\.jsonl:2: an assistant turn with empty content, in 3 row\(s\) \(lines 2, 3, 4\)"
+    ):
+        chat_data.load_conversations(path)
+
+
+def test_an_answer_of_weight_0_is_context_not_a_target(tokenizer):
+    """OpenAI's fine-tuning format: an assistant message of weight 0 is shown to the model, not trained on."""
+    messages = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Bleu.", "weight": 0},
+        {"role": "user", "content": "In English?"},
+        {"role": "assistant", "content": "Blue.", "weight": 1},
+    ]
+    ex = chat_data.tokenize_conversation(tokenizer, messages, max_len=4096, assistant_only=True)
+    assert "Bleu." in tokenizer.decode(ex["input_ids"])
+    assert [tokenizer.decode(ex["input_ids"][a:b]) for a, b in answer_spans(ex["input_ids"], ex["labels"])] == [
+        "Blue.<turn|>"
+    ]
+
+
+def test_a_conversation_is_tokenized_once_however_many_turns_it_has(tokenizer):
+    """Tokenizing each turn's prefix again made a 300-turn row take a minute (quadratic)."""
+    calls = []
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(args)
+            return tokenizer(*args, **kwargs)
+
+    messages = [{"role": r, "content": f"turn {i}"} for i in range(40) for r in ("user", "assistant")]
+    ex = chat_data.tokenize_conversation(Counted(), messages, max_len=4096, assistant_only=True)
+    assert len(calls) == 1 and len(answer_spans(ex["input_ids"], ex["labels"])) == 40
+
+
 @pytest.mark.parametrize("key", ["conversation", "conversations", "message"])
 def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
     path = write_chat(tmp_path, {key: chat("Hi", "Yo")["messages"]})
@@ -183,8 +334,9 @@ def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
         chat_data.load_conversations(path)
 
 
-def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(tokenizer, tmp_path):
-    rows = chat_data.load_conversations(str(SAMPLE_DATA))
+def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(any_template, tmp_path):
+    """Packing needs every row's length before the first step: the lengths of the rows trained on."""
+    tokenizer, rows = any_template, chat_data.load_conversations(str(SAMPLE_DATA))
     kept = chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256)
     first = chat_data.ChatDataset(rows, tokenizer, 256, True, kept).token_lengths
     whole = [len(chat_data.tokenize_conversation(tokenizer, r, 10**6, True)["input_ids"]) for r in rows]
