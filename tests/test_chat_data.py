@@ -41,22 +41,20 @@ def messages(request):
     return request.param
 
 
-@pytest.fixture(scope="module", params=["tiny", "thinking-off"])
+@pytest.fixture(scope="module", params=["thinking-off-cue", "plain-cue"])
 def any_template(request, tokenizer):
-    """The tiny model's tokenizer, and the same with the generation prompt of Gemma 4's larger checkpoints (thinking
-    off): '<|turn>model\\n' then an empty thought block, which the turn rendered as history does not have."""
-    if request.param == "tiny":
+    """The tiny model's tokenizer: its generation prompt is '<|turn>model\\n' and an empty thought block that the
+    turn rendered as history lacks (Gemma 4's 12B/26B/31B templates); and the same with '<|turn>model\\n' alone, a
+    prefix of the history (the E2B's template)."""
+    if request.param == "thinking-off-cue":
         return tokenizer
     from transformers import AutoTokenizer
 
-    thinking_off = AutoTokenizer.from_pretrained(TINY_MODEL)
-    thinking_off.add_tokens(["<|channel>", "<channel|>"], special_tokens=True)
-    opens = "{{ '<|turn>model\n' }}"
-    assert opens in thinking_off.chat_template
-    thinking_off.chat_template = thinking_off.chat_template.replace(
-        opens, "{{ '<|turn>model\n<|channel>thought\n<channel|>' }}"
-    )
-    return thinking_off
+    plain = AutoTokenizer.from_pretrained(TINY_MODEL)
+    block = "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}"
+    assert block in plain.chat_template
+    plain.chat_template = plain.chat_template.replace(block, "")
+    return plain
 
 
 def answer_spans(ids: list[int], labels: list[int]) -> list[tuple[int, int]]:

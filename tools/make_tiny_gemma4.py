@@ -23,14 +23,18 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.models.gemma4_unified import Gemma4UnifiedConfig
 
 # Gemma 4's chat format: <bos> once, then <|turn>ROLE\n...<turn|>\n per message; the assistant's
-# role is written "model"; add_generation_prompt opens a model turn.
+# role is written "model". add_generation_prompt opens a model turn and, with thinking off (the default), closes
+# an empty thought block in it, as the 12B/26B/31B checkpoints' templates do: a turn rendered as history has no
+# such block, so the prompt a server sends is not a prefix of the conversation it renders.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
     "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
+    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}"
+    "{% endif %}"
 )
 SPECIAL_TOKENS = [
     "<pad>",
@@ -46,6 +50,9 @@ SPECIAL_TOKENS = [
     "<eoi>",
     "<boa>",
     "<eoa>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
 ]
 VOCAB_SIZE = 1024
 
