@@ -4,6 +4,7 @@ with the tokenizer's chat template into token ids and labels (assistant turns on
 import codecs
 import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -392,8 +393,10 @@ class ChatDataset(Dataset):
 
 def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> Path:
     """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer (its
-    vocabulary and chat template) and MAX_LEN."""
-    parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len)]
+    vocabulary and chat template), MAX_LEN, and the code that makes a row's text (lengths an older version
+    counted would overfill packed rows)."""
+    code = inspect.getsource(training_text)
+    parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len), code]
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 

@@ -332,7 +332,7 @@ def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
         chat_data.load_conversations(path)
 
 
-def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(any_template, tmp_path):
+def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_data(any_template, tmp_path, monkeypatch):
     """Packing needs every row's length before the first step: the lengths of the rows trained on."""
     tokenizer, rows = any_template, chat_data.load_conversations(str(SAMPLE_DATA))
     kept = chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256)
@@ -346,7 +346,9 @@ def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_da
 
     assert chat_data.ChatDataset(rows, Untouchable(), 256, True, kept).token_lengths == first
     other = [chat_data.lengths_file(str(tmp_path), d, tokenizer, n) for d, n in [("abd", 256), ("abc", 512)]]
-    assert len({kept, *other}) == 3  # other data or another MAX_LEN: counted anew
+    monkeypatch.setattr(chat_data, "training_text", lambda tokenizer, messages: ("", []))
+    other.append(chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256))
+    assert len({kept, *other}) == 4  # other data, another MAX_LEN or rows made otherwise: counted anew
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_by_name(tmp_path):
