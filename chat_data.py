@@ -124,6 +124,12 @@ def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
         raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
     if not any(m["role"] == "assistant" for m in messages):
         raise InputError(f"{where}: no assistant message, nothing to train on")
+    if j := next(
+        (j for j in range(1, len(messages)) if messages[j - 1]["role"] == messages[j]["role"] == "assistant"), 0
+    ):
+        raise InputError(  # Gemma 4's template renders the second inside the first's turn: no answer of its own
+            f"{where}: messages {j - 1} and {j} are both from the assistant: merge them into one answer"
+        )
     if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
         raise InputError(f"{where}: every assistant message has weight 0, nothing to train on")
     return messages

@@ -159,6 +159,11 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             '{"prompt": "Hi", "chosen": "Yo", "rejected": "Go"}',
             "2: expected an object with a non-empty 'messages' list; this looks like a preference pair",
         ),
+        (
+            '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo."}, '
+            '{"role": "assistant", "content": "How are you?"}]}',
+            "2: messages 1 and 2 are both from the assistant: merge them into one answer",
+        ),
     ],
     ids=[
         "role",
@@ -178,6 +183,7 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "alpaca",
         "conversational-prompt-completion",
         "preference",
+        "two-answers-in-a-row",
     ],
 )
 def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
