@@ -305,10 +305,10 @@ BAD_INPUTS = {
         {"ACCUM_STEPS": "2"},
         r"3 samples, but one optimizer step needs .* = 2\*1\*2 = 4",
     ),
-    "too-few-packed-rows": (  # 96 conversations fill 6 rows of 2,048 tokens
+    "too-few-packed-rows": (  # 96 conversations fill 7 rows of 2,048 tokens
         lambda d: SAMPLE_DATA,
         {"PACKING": "1", "MAX_LEN": "2048", "ACCUM_STEPS": "8"},
-        r"packed into 6 rows of MAX_LEN=2048 tokens, but one optimizer step needs .* = 2\*1\*8 = 16",
+        r"packed into 7 rows of MAX_LEN=2048 tokens, but one optimizer step needs .* = 2\*1\*8 = 16",
     ),
     "unwritable-output": (
         lambda d: SAMPLE_DATA,
