@@ -169,14 +169,14 @@ def readable_size(n_bytes: float) -> str:
         n_bytes /= 1024
 
 
-def final_adapter(run, current: dict) -> tuple[list[str], int] | None:
-    """OUTPUT_DIR's final adapter if it is intact: how its run differs from this one (identity `current`), and
-    the step it reached; None if there is none."""
+def final_adapter(run, current: dict) -> tuple[Path, list[str], int] | None:
+    """OUTPUT_DIR's final adapter if it is intact: its folder, how its run differs from this one (identity
+    `current`), and the step it reached; None if there is none."""
     adapter = Path(run.OUTPUT_DIR) / "adapter"
     if not (adapter / "run.json").is_file() or damage(adapter) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
-    return differences(saved["identity"], current, "adapter"), saved["progress"]["step"]
+    return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]["step"]
 
 
 def finished(run, current: dict, total_steps: int) -> str | None:
@@ -185,7 +185,7 @@ def finished(run, current: dict, total_steps: int) -> str | None:
     from those it was trained on (the run is complete all the same)."""
     if run.RESUME != "auto" or (adapter := final_adapter(run, current)) is None:
         return None
-    changes, step = adapter
+    _, changes, step = adapter
     data = [c for c in changes if c.startswith("data_sha256")]
     if step < total_steps or len(changes) > len(data):
         return None
@@ -215,11 +215,11 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
                     f"move them away, or start fresh with RESUME=''"
                 )
             if (adapter := final_adapter(run, current)) is not None:
-                changes, step = adapter
+                folder, changes, step = adapter
                 if step < total_steps:
                     changes.append(f"steps: adapter {step}, now {total_steps}")
                 raise InputError(
-                    f"{Path(run.OUTPUT_DIR) / 'adapter'} is the final adapter of another run ({'; '.join(changes)}) "
+                    f"{folder} is the final adapter of another run ({'; '.join(changes)}) "
                     f"and {Path(run.OUTPUT_DIR) / 'checkpoints'} holds no checkpoint to continue: train from scratch "
                     f"over it (replacing that adapter) with RESUME='', or use another OUTPUT_DIR"
                 )
