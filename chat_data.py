@@ -383,7 +383,12 @@ class ChatDataset(Dataset):
         turn, the texts tokenized in batches), so it is kept in `lengths_file` (named by lengths_file()) for the
         next run or resume on the same data."""
         if self.lengths_file is not None and self.lengths_file.exists():
-            return json.loads(self.lengths_file.read_text())
+            try:
+                kept = json.loads(self.lengths_file.read_text())
+            except ValueError:  # damaged outside this script (it writes whole files): counted again
+                kept = None
+            if isinstance(kept, list) and len(kept) == len(self.conversations):
+                return kept
         lengths = []
         for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
             texts = [training_text(self.tokenizer, c)[0] for c in self.conversations[at : at + 1024]]

@@ -374,7 +374,7 @@ def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str) -> str
         if stuck := watchdog.describe_failure():
             report += f"[rank {rank}] stuck in {stuck}\n"
         if "gloo/transport" in line and (gone := watchdog.peers_gone()):  # a peer's connection broke: which?
-            line = f"rank(s) {gone} stopped beating: the process is gone"
+            line = f"rank(s) {gone} stopped beating: the process is gone or frozen"
             report += f"[rank {rank}] {line}\n"
     watchdog.post_failure(line)
     cause = watchdog.first_failure()  # this rank's own, or a peer's that came first

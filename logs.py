@@ -133,8 +133,15 @@ class StepLog:
 
     def write(self, record: dict) -> None:
         """One JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""
-        with open(Path(self.output_dir) / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        path, line = Path(self.output_dir) / "metrics.jsonl", (json.dumps(record) + "\n").encode()
+        with open(path, "ab", buffering=0) as f:
+            whole = f.tell()
+            try:
+                while line:
+                    line = line[f.write(line) :]
+            except OSError as e:  # a full disk: no half line left for the next run to append to
+                f.truncate(whole)
+                raise OSError(e.errno, e.strerror, str(path)) from e  # named: reported as OUTPUT_DIR's failure
         writer = tensorboard_writer(self.output_dir)
         if writer is not None:
             for key, value in record.items():

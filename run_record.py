@@ -58,6 +58,8 @@ STRUCTURAL = (
     "PACKING",
 )
 MANIFEST = "manifest.json"
+ADAPTER_FILES = ("adapter_model.safetensors", "run.json")  # what a rerun and a resume read, checksummed
+CHECKPOINT_FILES = (*ADAPTER_FILES, "trainer_state.pt")
 
 
 def sha256_file(path: Path) -> str:
@@ -102,12 +104,15 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
-def damage(folder: Path) -> str | None:
-    """None if every file of the manifest is there with its size and checksum; else what is wrong."""
+def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
+    """None if every file of the manifest, the `needs` among them, is there with its size and checksum; else
+    what is wrong."""
     try:
         files = json.loads((folder / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError) as e:
         return f"no readable {MANIFEST} ({type(e).__name__}): incomplete, or not written by this script"
+    if unlisted := [name for name in needs if name not in files]:  # an edited manifest: its checksum is gone
+        return f"{MANIFEST} does not list {unlisted[0]}"
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
@@ -173,7 +178,7 @@ def final_adapter(run, current: dict) -> tuple[Path, list[str], int] | None:
     """OUTPUT_DIR's final adapter if it is intact: its folder, how its run differs from this one (identity
     `current`), and the step it reached; None if there is none."""
     adapter = Path(run.OUTPUT_DIR) / "adapter"
-    if not (adapter / "run.json").is_file() or damage(adapter) is not None:
+    if not (adapter / "run.json").is_file() or damage(adapter, ADAPTER_FILES) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
     return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]["step"]
@@ -195,15 +200,15 @@ def finished(run, current: dict, total_steps: int) -> str | None:
 def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; asked
     once finished() says it is not complete) continues: RESUME's path or, with "auto", the newest intact one in
-    OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh start. One written by another run
-    (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES allows the differences; so is a fresh
+    OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh start. One written with other
+    settings (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES allows the differences; so is a fresh
     start over the final adapter of another run (or of this one, incomplete), unless RESUME='' asks for it."""
     resume = run.RESUME
     if not resume:
         return None
     if resume == "auto":
         found = sorted((Path(run.OUTPUT_DIR) / "checkpoints").glob("step-*"), reverse=True)  # .tmp-* never match
-        damaged = {path: damage(path) for path in found}
+        damaged = {path: damage(path, CHECKPOINT_FILES) for path in found}
         for path, problem in damaged.items():
             if problem is None:
                 break
@@ -236,12 +241,36 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     if fixed or (changes and not run.RESUME_ALLOW_CHANGES):
         allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
         raise InputError(
-            f"{path} was written by another run ({'; '.join(changes)}): {allow}start fresh with "
+            f"{path} was written with other settings ({'; '.join(changes)}): {allow}start fresh with "
             f"RESUME='', or use another OUTPUT_DIR"
+        )
+    if (step := saved["progress"]["step"]) > total_steps:  # resumed, it would save at once: no step on this data
+        raise InputError(
+            f"{path} is at step {step}, past this run's last step ({total_steps}; {'; '.join(changes)}): "
+            f"nothing left to train; resume an earlier checkpoint, or start fresh with RESUME=''"
         )
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
     return path
+
+
+def set_aside_later_checkpoints(output_dir: str, start_step: int) -> str | None:
+    """Rank 0, once every rank holds the step this run starts from (0: a fresh start). The checkpoints in
+    OUTPUT_DIR/checkpoints past it belong to another line of training (an earlier run, or the steps a rollback
+    undoes): RESUME=auto would continue them rather than this run, and pruning only removes older ones. They
+    are moved, not deleted, into checkpoints/set-aside-<time>/. Returns the line that says so, or None."""
+    folder = Path(output_dir) / "checkpoints"
+    later = [p for p in sorted(folder.glob("step-*")) if p.name > f"step-{start_step:08d}"]
+    if not later:
+        return None
+    aside = folder / time.strftime("set-aside-%Y%m%d-%H%M%S")
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    return (
+        f"{len(later)} checkpoint(s) of another line of training ({later[0].name} to {later[-1].name}) moved to "
+        f"{aside}: RESUME=auto continues this run"
+    )
 
 
 def not_a_checkpoint(resume: str) -> str | None:
@@ -260,9 +289,9 @@ def not_a_checkpoint(resume: str) -> str | None:
         return f"{setting}: no such folder; {takes}"
     if not path.is_dir():
         return f"{setting} is a file, not a checkpoint folder; {takes}"
-    if (problem := damage(path)) is not None:
+    if (problem := damage(path, ADAPTER_FILES)) is not None:
         return f"{setting} is not an intact checkpoint folder: {problem}"
-    if "trainer_state.pt" not in json.loads((path / MANIFEST).read_text())["files"]:
+    if damage(path, CHECKPOINT_FILES) is not None:
         return (
             f"{setting} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer state, no "
             f"progress), so training cannot continue from it; {takes}"
@@ -299,8 +328,10 @@ class OutputLock:
                         f"started {holder.get('started')}): use another OUTPUT_DIR, or stop that job. If it is dead on "
                         f"another host, delete {self.path}."
                     ) from None
-                try:  # stale: move it aside; of two jobs racing for it, only one rename succeeds
-                    self.path.rename(self.path.with_name(f".lock.stale-{os.getpid()}"))
+                stale = self.path.with_name(f".lock.stale-{os.getpid()}")
+                try:  # stale: move it aside, then drop it; of two jobs racing for it, only one rename succeeds
+                    self.path.rename(stale)
+                    stale.unlink()
                 except FileNotFoundError:
                     pass
                 continue

@@ -14,6 +14,7 @@
 - record(), show(): the settings grouped by source, printed once and saved with the run.
 """
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -242,13 +243,15 @@ def check_model_source(model_id: str, model_config: str) -> None:
 def check_writable(directory: str) -> None:
     if Path(directory).exists() and not Path(directory).is_dir():
         raise InputError(f"OUTPUT_DIR {directory!r} is a file, not a folder")
+    probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"
         probe.write_text("ok")
-        probe.unlink()
     except OSError as e:
         raise InputError(f"OUTPUT_DIR {directory!r} is not writable: {e}") from e
+    finally:
+        with contextlib.suppress(OSError):  # a full disk can leave the empty file behind
+            probe.unlink()
 
 
 def check_architecture(name: str, value: str, config_json: Path) -> None:

@@ -520,21 +520,28 @@ def synchronized_clock(device: torch.device) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.device, micro_batch: int) -> dict:
-    """Token-weighted eval loss over the whole file: equals a single-process evaluation.
+def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.device, micro_batch: int, stop=None):
+    """Token-weighted eval loss over the whole file: equals a single-process evaluation. None if a rank was
+    asked to stop (`stop`, a GracefulStop): the ranks agree after every batch, so a preemption during a long
+    evaluation still reaches its checkpoint within torchrun's 30 s.
 
-    Indices rank, rank+world, ... (no DistributedSampler padding, which would count examples twice);
-    model.module, never the DDP forward (which would expect a backward and a matching collective).
+    Indices rank, rank+world, ... (no DistributedSampler padding, which would count examples twice), in the
+    same number of batches on every rank (a shorter shard ends with an empty one); model.module, never the DDP
+    forward (which would expect a backward and a matching collective).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    shard = torch.utils.data.Subset(dataset, range(rank, len(dataset), world))
+    shard = range(rank, len(dataset), world)
     was_training = model.training
     model.eval()
     loss, targets = 0.0, 0
-    for batch in DataLoader(shard, batch_size=micro_batch, collate_fn=collate):
-        with autocast(device):
-            s, n = model.module(**on_device(batch, device))
-        loss, targets = loss + float(s), targets + int(n)
+    for at in range(0, math.ceil(len(dataset) / world), micro_batch):
+        if rows := shard[at : at + micro_batch]:
+            with autocast(device):
+                s, n = model.module(**on_device(collate([dataset[i] for i in rows]), device))
+            loss, targets = loss + float(s), targets + int(n)
+        if all_reduce_sum([stop is not None and stop.reason is not None], device)[0]:
+            model.train(was_training)
+            return None
     model.train(was_training)
     loss, targets = all_reduce_sum([loss, targets], device)
     if not targets:  # every answer cut by MAX_LEN: no loss to report (0 would read as a perfect model)
@@ -677,7 +684,10 @@ def main() -> None:
     }
     if rank == 0:  # the run's effective settings, printed once and saved with the run (and in every checkpoint)
         say(settings.show(run_config["settings"]))
-        (Path(cfg.OUTPUT_DIR) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
+        try:
+            (Path(cfg.OUTPUT_DIR) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
+        except OSError as e:  # e.g. a disk that filled since check_writable
+            raise InputError(f"OUTPUT_DIR {cfg.OUTPUT_DIR!r}: cannot write config.json: {e.strerror}") from e
 
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
@@ -704,12 +714,14 @@ def main() -> None:
         if (resume := check_same_checkpoint(resume)) is not None:
             progress = load_checkpoint(resume, peft_model, optimizer)
             say(f"resumed from {resume} at step {progress['step']}")
+        if rank == 0 and (moved := run_record.set_aside_later_checkpoints(cfg.OUTPUT_DIR, progress["step"])):
+            say(moved)
         if cfg.OPTIMIZER_OFFLOAD:
             optimizer_state_on_host(optimizer)
         scheduler = lr_schedule(optimizer, cfg, total_steps, steps_taken=progress["step"])
         position = watchdog.position  # where the loop is, for every report
         position.current = position.completed = progress["step"]
-        first_step = progress["step"] + 1
+        first_step, stopping = progress["step"] + 1, False
 
         # 5. DDP around the model and its loss: one forward, gradients all-reduced in buckets during backward.
         model = wrap_ddp(CausalLMLoss(peft_model, cfg.CE_CHUNK_TOKENS, compiled=cfg.COMPILE_LAYERS), device)
@@ -757,23 +769,38 @@ def main() -> None:
                 log.step(step, epoch, loss_sum, counts, grad_norm, lr, skipped, step_time, t0 - t_data, micro_batches)
                 if cfg.DRIFT_CHECK_EVERY and step % cfg.DRIFT_CHECK_EVERY == 0:
                     guards.check_replicas_identical(model.module, step)  # all-gather of every rank's adapter checksum
-                if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0:
-                    log.eval(step, evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH))
+                if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0 and not stopping:
+                    metrics = evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)
+                    stopping = metrics is None  # preempted during the evaluation: checkpoint as below
+                    if not stopping:
+                        log.eval(step, metrics)
                 if stopping and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
                     stop.at_boundary.set()
-                    save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
-                    why = stop.reason or "another rank"
-                    say(f"stopped by {why} after step {step}: checkpoint saved; the same command resumes from it")
+                    path = save_checkpoint(
+                        model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS
+                    )
+                    again = "the same command" if cfg.RESUME == "auto" else f"RESUME=auto (or RESUME={path})"
+                    say(f"stopped by {stop.reason or 'another rank'} after step {step}: {path} saved; {again} resumes")
                     return
                 if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
                     save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
                     say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
         log.close()
+        if log.steps and len(log.skipped) == log.steps:  # the same on every rank: the decisions were all-reduced
+            why = "; ".join(dict.fromkeys(log.skipped.values()))
+            raise guards.JobStopped(
+                f"all {log.steps} steps of this run skipped their update ({why}): the adapter did not change, so "
+                f"it is not saved as the run's result"
+            )
 
         # 7. Final evaluation, drift check and the adapter (rank 0 writes, everyone waits at a barrier).
         if eval_set is not None and not (cfg.EVAL_EVERY and progress["step"] % cfg.EVAL_EVERY == 0):  # else just done
-            log.eval(progress["step"], evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH), final=True)
+            if stopping or (metrics := evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)) is None:
+                stop.at_boundary.set()  # preempted: the adapter is saved in torchrun's 30 s, the evaluation skipped
+                say(f"final evaluation skipped: stopped by {stop.reason or 'another rank'}")
+            else:
+                log.eval(progress["step"], metrics, final=True)
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
         say(

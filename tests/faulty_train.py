@@ -2,9 +2,10 @@
 
     FAULT=KIND@STEP[@RANK] torchrun --nproc_per_node=2 tests/faulty_train.py
 
-The fault fires in optimizer step STEP, on RANK (or on every rank), in torchrun's first attempt only, so
-a group restarted by --max_restarts resumes and finishes, as after a real one-off failure:
+The fault fires in optimizer step STEP (`*`: in every step), on RANK (or on every rank), in torchrun's first
+attempt only, so a group restarted by --max_restarts resumes and finishes, as after a real one-off failure:
   nan       that step's loss is NaN (in the forward: every rank's all-reduced loss and gradients are NaN)
+  term      this rank is sent SIGTERM as that step's evaluation starts (EVAL_EVERY's, or the final one)
   drift     after the update, this rank's first adapter weight moves by 1e-3: the replicas now differ
   die       after the update the process exits with code 17: no exception, no cleanup
   hang      after the update the process sleeps for an hour: its peers' next collective must time out
@@ -20,6 +21,7 @@ Each kind patches the one thing it needs; train_ddp.main() then runs as it is.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -36,28 +38,30 @@ import lm_loss  # noqa: E402
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
-if KIND not in ("nan", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger"):
+if KIND not in ("nan", "term", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger"):
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
 POSITIONS = []  # the training loop's guards.StepPosition: the step under way
 
 
-def recorded(init):
+def recorded(init, instances=POSITIONS):
     def init_and_record(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        POSITIONS.append(self)
+        instances.append(self)
 
     return init_and_record
 
 
 guards.StepPosition.__init__ = recorded(guards.StepPosition.__init__)
+STOPS = []  # the job's guards.GracefulStop
+guards.GracefulStop.__init__ = recorded(guards.GracefulStop.__init__, STOPS)
 
 
 def fires() -> bool:
     return (
         os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        and POSITIONS[-1].current == int(STEP)
+        and (STEP == "*" or POSITIONS[-1].current == int(STEP))
         and (not RANK or int(RANK[0]) == dist.get_rank())
     )
 
@@ -97,6 +101,18 @@ def crash_mid_save(save):
     return save_or_crash
 
 
+def terminated_first(evaluate):
+    def evaluate_after_sigterm(*args, **kwargs):
+        if fires():
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while STOPS[-1].reason is None and time.monotonic() < deadline:  # read by the stop's own thread
+                time.sleep(0.01)
+        return evaluate(*args, **kwargs)
+
+    return evaluate_after_sigterm
+
+
 KEPT = []
 
 
@@ -110,6 +126,8 @@ def kept(dataloader_iter):
 
 if KIND == "nan":
     lm_loss.CausalLMLoss.forward = nan_loss(lm_loss.CausalLMLoss.forward)
+elif KIND == "term":
+    T.evaluate = terminated_first(T.evaluate)
 elif KIND == "save":
     torch.save = crash_mid_save(torch.save)  # train_ddp writes trainer_state.pt with it, after the adapter
 elif KIND == "linger":

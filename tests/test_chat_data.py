@@ -351,6 +351,9 @@ def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_da
             raise AssertionError("tokenized again")
 
     assert chat_data.ChatDataset(rows, Untouchable(), 256, True, kept).token_lengths == first
+    kept.write_text(kept.read_text()[:100])  # damaged by hand: counted again, not a traceback
+    assert chat_data.ChatDataset(rows, tokenizer, 256, True, kept).token_lengths == first
+    assert json.loads(kept.read_text()) == first
     other = [chat_data.lengths_file(str(tmp_path), d, tokenizer, n) for d, n in [("abd", 256), ("abc", 512)]]
     monkeypatch.setattr(chat_data, "training_text", lambda tokenizer, messages: ("", []))
     other.append(chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256))

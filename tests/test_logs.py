@@ -24,6 +24,27 @@ def test_metrics_also_reach_tensorboard_when_it_is_installed(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_metrics_line_the_disk_cannot_hold_is_not_left_half_written(tmp_path):
+    """The file size limit stands in for a full disk: the write fails part way, and the error names the file
+    (so the job reports it as OUTPUT_DIR's failure, in one line)."""
+    script = f"""
+import resource, signal, sys, torch
+sys.path.insert(0, {str(logs.__file__.rsplit("/", 1)[0])!r})
+import logs
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+log = logs.StepLog({str(tmp_path)!r}, 1, 2, 0, torch.device("cpu"), predict_peak_gib=None)
+log.write({{"step": 1, "loss": 2.5}})
+resource.setrlimit(resource.RLIMIT_FSIZE, (40, 40))
+try:
+    log.write({{"step": 2, "loss": 2.25, "note": "x" * 100}})
+except OSError as e:
+    print(e.filename)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == str(tmp_path / "metrics.jsonl"), out.stderr[-2000:]
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 2.5}\n'
+
+
 def test_a_step_is_logged_every_log_every_steps_and_at_the_last(tmp_path):
     log = logs.StepLog(str(tmp_path), 3, 7, 0, torch.device("cpu"), predict_peak_gib=None)
     batch = {"input_ids": torch.zeros(2, 64)}

@@ -403,6 +403,21 @@ def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
     assert "adapter checksum" not in run.output
 
 
+def test_a_run_whose_every_step_skipped_its_update_ends_in_an_error_without_an_adapter(tmp_path, data):
+    out = tmp_path / "out"
+    env = job_env(data, out, FAULT="nan@*", NAN_POLICY="skip", MAX_STEPS="2", EVAL_PATH="")
+    run = torchrun(FAULTY_TRAIN, timeout=120, env=env)
+    assert run.returncode != 0
+    for rank in (0, 1):
+        assert re.search(
+            rf"^\[rank {rank}\] error: all 2 steps of this run skipped their update \(non-finite loss or gradient; "
+            r"NAN_POLICY=skip\): the adapter did not change, so it is not saved as the run's result",
+            run.output,
+            re.M,
+        ), run.output[-4000:]
+    assert not (out / "adapter").exists()
+
+
 def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
     # 3 ranks, rank 0 drifts: the message must name rank 0, not "everyone but rank 0"
     job = Job.single_node(job_env(data, tmp_path / "out", FAULT="drift@1@0", EVAL_PATH=""), nproc=3)
@@ -562,12 +577,12 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     # rank to exit makes torchrun kill the other, which may not have printed yet)
     lines = [ln.split("] ", 1)[1] for ln in run.output.splitlines() if re.match(r"\[rank [01]\] error: ", ln)]
     assert lines and len(set(lines)) == 1, run.output[-3000:]
-    assert f"checkpoints/step-{step:08d} was written by another run (" in lines[0] and listed in lines[0], lines[0]
+    assert f"checkpoints/step-{step:08d} was written with other settings (" in lines[0] and listed in lines[0], lines[0]
     assert ("RESUME_ALLOW_CHANGES=1" in lines[0]) == allowable
     assert "size mismatch" not in run.output and not (out / "adapter").exists()
     # torchrun's last screen names the cause too (the worker's error file), not error_file: <N/A>
     assert re.search(
-        r"Root Cause[\s\S]*error_file: \S+error.json[\s\S]*InputError: \S+ was written by another run", run.output
+        r"Root Cause[\s\S]*error_file: \S+error.json[\s\S]*InputError: \S+ was written with other settings", run.output
     ), run.output[-3000:]
 
 
@@ -705,11 +720,45 @@ def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_
     job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
     job.wait(60)
     assert_gone_soon_after_last_line(job)  # the loaders' workers too, which also received the SIGTERM
-    stopped = re.search(r"stopped by SIGTERM after step (\d+): checkpoint saved", job.output)
+    stopped = re.search(r"stopped by SIGTERM after step (\d+): \S+step-\d+ saved; the same command resumes", job.output)
     assert stopped and (out / "checkpoints" / f"step-{int(stopped[1]):08d}").is_dir(), job.output[-3000:]
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
     assert run.returncode == 0 and resumed_step(run.output) == int(stopped[1])
     assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_run_not_an_older_ones(
+    tmp_path, data, reference
+):
+    """A fresh start (RESUME='') over another run's later checkpoints sets them aside; a SIGTERM as step 3's
+    evaluation starts ends the evaluation within a batch, step 3 is saved, and RESUME=auto continues this run
+    (not the other's step 6) to the reference's adapter."""
+    out = tmp_path / "out"
+    copy_checkpoints(reference, out)  # steps 4 and 6: past anything this run writes before it stops
+    run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="term@3@1", RESUME=""))
+    assert run.returncode == 0, run.output[-4000:]
+    assert re.search(
+        r"2 checkpoint\(s\) of another line of training \(step-00000004 to step-00000006\) moved to "
+        rf"{out}/checkpoints/set-aside-\d+-\d+: RESUME=auto continues this run",
+        run.output,
+    ), run.output[-4000:]
+    assert re.search(
+        r"stopped by another rank after step 3: \S+step-00000003 saved; RESUME=auto \(or RESUME=\S+\) resumes",
+        run.output,
+    ), run.output[-4000:]
+    assert [r["step"] for r in metrics(out) if "eval_loss" in r] == []  # the evaluation was abandoned
+    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002", "step-00000003"]
+    resumed = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
+    assert resumed.returncode == 0 and resumed_step(resumed.output) == 3, resumed.output[-3000:]
+    assert_bitwise_equal(adapter(out), adapter(reference))
+
+
+def test_sigterm_as_the_final_evaluation_starts_still_saves_the_adapter(tmp_path, data, reference):
+    out = tmp_path / "out"
+    run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT=f"term@{TOTAL_STEPS}@1", EVAL_EVERY="0"))
+    assert run.returncode == 0, run.output[-4000:]
+    assert "final evaluation skipped: stopped by another rank" in run.output, run.output[-4000:]
+    assert_bitwise_equal(adapter(out), adapter(reference))  # the evaluations never touch the training
 
 
 # ---------------------------------------------------------------- the job ends
@@ -767,7 +816,7 @@ def test_ranks_whose_launcher_is_killed_stop_with_a_checkpoint_that_resumes(tmp_
     assert job.ended is not None and job.ended - t_kill < int(RUN["DIST_TIMEOUT_S"]), job.output[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] the launcher is gone (its store does not answer" in job.output, job.output[-3000:]
-    stopped = re.search(r"stopped by the loss of the launcher after step (\d+): checkpoint saved", job.output)
+    stopped = re.search(r"stopped by the loss of the launcher after step (\d+): \S+ saved", job.output)
     assert stopped and int(stopped[1]) < 24, job.output[-3000:]
     assert run_record.damage(out / "checkpoints" / f"step-{int(stopped[1]):08d}") is None
     assert "Exception in thread" not in job.output
@@ -790,4 +839,4 @@ def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_t
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
     assert run.returncode == 0, run.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))
-    assert not (out / ".lock").exists()
+    assert not (out / ".lock").exists() and not list(out.glob(".lock*")), list(out.iterdir())  # nothing left

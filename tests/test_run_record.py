@@ -84,6 +84,38 @@ def test_damage_names_the_file_and_the_problem(checkpoint, harm, expected):
     assert re.search(expected, run_record.damage(checkpoint))
 
 
+def test_a_manifest_that_leaves_out_a_file_the_resume_reads_is_damage(checkpoint):
+    """A file missing from the manifest goes unchecked: one that resume reads must be listed."""
+    manifest = json.loads((checkpoint / run_record.MANIFEST).read_text())
+    del manifest["files"]["trainer_state.pt"]
+    (checkpoint / run_record.MANIFEST).write_text(json.dumps(manifest))
+    assert run_record.damage(checkpoint, run_record.ADAPTER_FILES) is None
+    assert run_record.damage(checkpoint, run_record.CHECKPOINT_FILES) == "manifest.json does not list trainer_state.pt"
+
+
+def test_a_checkpoint_past_the_runs_last_step_is_refused(checkpoint):
+    run = cpu_config(OUTPUT_DIR=str(checkpoint.parent), RESUME=str(checkpoint), RESUME_ALLOW_CHANGES=True)
+    assert run_record.checkpoint_to_resume(run, {"LR": 2e-4}, 2) == checkpoint  # at the last step: the save remains
+    with pytest.raises(InputError, match=r"is at step 2, past this run's last step \(1; LR: checkpoint 0.0002, now"):
+        run_record.checkpoint_to_resume(run, {"LR": 1e-4}, 1)
+
+
+def test_checkpoints_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        saved_run(ckpts / f"step-{step:08d}", {"LR": 2e-4}, step)
+    assert run_record.set_aside_later_checkpoints(str(tmp_path), 6) is None
+    line = run_record.set_aside_later_checkpoints(str(tmp_path), 2)
+    (aside,) = ckpts.glob("set-aside-*")
+    assert line == (
+        f"2 checkpoint(s) of another line of training (step-00000004 to step-00000006) moved to {aside}: "
+        f"RESUME=auto continues this run"
+    )
+    assert [p.name for p in ckpts.glob("step-*")] == ["step-00000002"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000004", "step-00000006"]
+    assert run_record.damage(aside / "step-00000006", run_record.CHECKPOINT_FILES) is None
+
+
 def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -108,7 +140,7 @@ def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
     lock.acquire()
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
     lock.release()
-    assert not (tmp_path / ".lock").exists()
+    assert not list(tmp_path.glob(".lock*"))  # the stale one too
 
 
 def test_a_lock_from_another_host_is_stale_only_when_nobody_refreshes_it(tmp_path):

@@ -127,6 +127,17 @@ def test_an_output_dir_that_is_a_file_is_named_as_such(tmp_path):
         settings.check_writable(str(tmp_path / "out"))
 
 
+def test_a_write_probe_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    def disk_full(path, text):
+        path.touch()  # created, then the write fails, as on a full disk
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(settings.Path, "write_text", disk_full)
+    with pytest.raises(InputError, match="is not writable: .*No space left on device"):
+        settings.check_writable(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
