@@ -298,6 +298,7 @@ class GracefulStop:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()
             elif signum == signal.SIGINT:
+                self.watchdog.report("a second Ctrl-C: exiting at once, without a checkpoint")
                 os._exit(128 + signum)
 
     def _exit_if_stuck(self) -> None:

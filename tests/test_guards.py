@@ -72,3 +72,36 @@ def test_a_report_reaches_stderr_in_one_write_with_its_newline(monkeypatch):
     monkeypatch.setattr(sys, "stderr", Recorder())
     guards.to_stderr("[rank 0] error: non-finite loss")
     assert writes == ["[rank 0] error: non-finite loss\n"]
+
+
+STOPPING = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import guards
+
+class Watchdog:  # what GracefulStop asks of guards.HangWatchdog, for a rank alone
+    rank, position = 0, "in optimizer step 3"
+    heartbeats, stopped_beating, first_failure = dict, lambda self, before, now: [], str
+    def report(self, text):
+        guards.to_stderr(f"[rank {self.rank}] {text}")
+
+guards.GracefulStop().install(Watchdog())
+print("ready", flush=True)
+time.sleep(60)  # a step that takes long: the first Ctrl-C waits for its end
+"""
+
+
+def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
+    rank = subprocess.Popen(
+        [sys.executable, "-c", STOPPING, str(Path(guards.__file__).parent)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert rank.stdout.readline() == "ready\n"
+    rank.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert rank.poll() is None  # the first one waits for the step's end
+    rank.send_signal(signal.SIGINT)
+    assert rank.wait(10) == 128 + signal.SIGINT
+    assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
