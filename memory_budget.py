@@ -836,24 +836,64 @@ def format_report(result: dict) -> str:
     return "\n".join(out)
 
 
+def bounded(kind, low, high=math.inf, *, open_low=False):
+    """An argparse type: a `kind` (int or float) from `low` (excluded if open_low) to below `high`; anything else
+    is the option's one-line usage error, naming the range."""
+    rule = f"{'>' if open_low else '>='} {low}" + (f" and < {high}" if high < math.inf else "")
+
+    def check(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan  # fails both comparisons
+        if not (low < value if open_low else low <= value) or not value < high:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'} {rule} (got {text})"
+            )
+        return value
+
+    return check
+
+
+count, positive = bounded(int, 1), bounded(float, 0, open_low=True)  # a count; a size or a bandwidth
+
+
+def regex(text: str) -> str:
+    """An argparse type: a pattern that compiles."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({e})") from None
+    return text
+
+
+def model_source(text: str) -> str:
+    """An argparse type: an existing path, or what can only be a hub id (name or owner/name, not a .json)."""
+    if not Path(text).exists() and (text.endswith(".json") or not re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", text)):
+        raise argparse.ArgumentTypeError(f"{text}: no such file or folder")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line; its defaults are train_ddp.py's (tests/test_memory_budget.py keeps them equal)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", help="local folder, config.json, or hub id")
-    ap.add_argument("--gpus-per-node", type=int, default=1)
-    ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DP = world size / TP)")
-    ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sample after padding")
+    ap.add_argument("model", type=model_source, help="local folder, config.json, or hub id")
+    ap.add_argument("--gpus-per-node", type=count, default=1)
+    ap.add_argument("--nodes", type=count, default=1)
+    ap.add_argument("--tp", type=count, default=1, help="tensor-parallel degree (DP = world size / TP)")
+    ap.add_argument("--seq-len", type=count, default=2048, help="tokens per sample after padding")
     ap.add_argument(
         "--micro-batch",
         type=int,
         default=DEFAULT_LAYOUT.micro_batch,
         help="samples per GPU per forward (train_ddp.py's MICRO_BATCH)",
     )
-    ap.add_argument("--accum", type=int, default=8, help="gradient accumulation steps (ACCUM_STEPS)")
-    ap.add_argument("--lora-r", type=int, default=16)
-    ap.add_argument("--lora-dropout", type=float, default=0.05)
-    ap.add_argument("--targets", default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"')
+    ap.add_argument("--accum", type=count, default=8, help="gradient accumulation steps (ACCUM_STEPS)")
+    ap.add_argument("--lora-r", type=count, default=16)
+    ap.add_argument("--lora-dropout", type=bounded(float, 0, 1), default=0.05)
+    ap.add_argument(
+        "--targets", type=regex, default=DEFAULT_TARGETS, help='LoRA regex (full match, as PEFT) or "all-linear"'
+    )
     ap.add_argument(
         "--ckpt-every",
         type=int,
@@ -891,8 +931,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--train-embeddings", action="store_true", help="embed_tokens/lm_head trainable (PEFT modules_to_save)"
     )
-    ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
-    ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
+    ap.add_argument("--gpu-mem-gb", type=positive, default=80.0, help='card memory as sold ("80 GB" = 80 GiB)')
+    ap.add_argument("--bus-bw-gbps", type=positive, default=100.0, help="all-reduce bus bandwidth, GB/s")
     ap.add_argument(
         "--attention",
         choices=ATTENTION_PATHS,
@@ -925,6 +965,9 @@ def main(argv=None) -> int:
         layout = layout_from_args(args)
     except ValueError as e:
         ap.error(str(e))
+    world = args.gpus_per_node * args.nodes
+    if world % args.tp:
+        ap.error(f"--tp {args.tp} does not divide the world size {world} (--gpus-per-node x --nodes)")
     try:
         shapes, config = param_shapes_from_path(args.model), load_config(args.model)
     except Exception as e:  # no such folder or hub id, no network, a gated model without a token: one line
@@ -935,24 +978,27 @@ def main(argv=None) -> int:
             f"error: {args.model}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hub}", file=sys.stderr
         )
         return 2
-    result = estimate(
-        shapes,
-        config,
-        layout,
-        seq_len=args.seq_len,
-        world_size=args.gpus_per_node * args.nodes,
-        tp=args.tp,
-        lora_r=args.lora_r,
-        targets=args.targets,
-        full=args.full,
-        train_embeddings=args.train_embeddings,
-        gpu_mem_gb=args.gpu_mem_gb,
-        bus_bw_gbps=args.bus_bw_gbps,
-        accum=args.accum,
-        lora_dropout=args.lora_dropout,
-        attention=args.attention,
-        compiled=args.compile_layers,
-    )
+    try:
+        result = estimate(
+            shapes,
+            config,
+            layout,
+            seq_len=args.seq_len,
+            world_size=world,
+            tp=args.tp,
+            lora_r=args.lora_r,
+            targets=args.targets,
+            full=args.full,
+            train_embeddings=args.train_embeddings,
+            gpu_mem_gb=args.gpu_mem_gb,
+            bus_bw_gbps=args.bus_bw_gbps,
+            accum=args.accum,
+            lora_dropout=args.lora_dropout,
+            attention=args.attention,
+            compiled=args.compile_layers,
+        )
+    except ValueError as e:  # --targets that match no module: known only once the shapes are
+        ap.error(str(e))
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0
 

@@ -40,6 +40,8 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+import memory_budget
+
 QUANTILES = {"short": 0.1, "typical": 0.5, "long": 0.9, "longest": 1.0}
 FEWER = "use fewer GPUs, a smaller MICRO_BATCH x ACCUM_STEPS, or more data"
 BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward FLOPs: the part of the last micro-batch the all-reduce hides behind
@@ -271,16 +273,21 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus-per-node", type=int, nargs="+", default=[1, 8], help="GPUs per node to predict for")
-    ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="node counts to predict for")
-    ap.add_argument("--bus-bw-gbps", type=float, default=100.0, help="all-reduce bus bandwidth, GB/s")
-    ap.add_argument("--rows", type=int, default=5000, help="rows tokenized for the length distribution")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per length (allocator, kernel choice)")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per length")
+    ap.add_argument(
+        "--gpus-per-node", type=memory_budget.count, nargs="+", default=[1, 8], help="GPUs per node to predict for"
+    )
+    ap.add_argument("--nodes", type=memory_budget.count, nargs="+", default=[1], help="node counts to predict for")
+    ap.add_argument("--bus-bw-gbps", type=memory_budget.positive, default=100.0, help="all-reduce bus bandwidth, GB/s")
+    ap.add_argument("--rows", type=memory_budget.count, default=5000, help="rows tokenized for the length distribution")
+    ap.add_argument(
+        "--warmup",
+        type=memory_budget.bounded(int, 0),
+        default=2,
+        help="untimed steps per length (allocator, kernel choice)",
+    )
+    ap.add_argument("--steps", type=memory_budget.count, default=3, help="timed steps per length")
     ap.add_argument("--json", default="", help="also write the report's numbers here")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        ap.error("--steps must be >= 1 and --warmup >= 0")
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
     import train_ddp  # torch, transformers and the trainer's own modules
 
@@ -295,7 +302,6 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     """Measure on this machine's first device, model every configuration of `args`, print the tables."""
     import torch
 
-    import memory_budget
     import settings
     import train_ddp as T
     from chat_data import ChatDataset, chat_tokenizer, control_tokens, load_conversations, tokenize_conversation

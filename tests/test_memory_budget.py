@@ -545,6 +545,33 @@ def test_cli_rejects_an_impossible_layout(capsys):
         assert "must be" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: must be an integer >= 1 (got 0)"),
+        (["--nodes", "-1"], "argument --nodes: must be an integer >= 1 (got -1)"),
+        (["--seq-len", "-5"], "argument --seq-len: must be an integer >= 1 (got -5)"),
+        (["--seq-len", "0"], "argument --seq-len: must be an integer >= 1 (got 0)"),
+        (["--accum", "0"], "argument --accum: must be an integer >= 1 (got 0)"),
+        (["--lora-r", "0"], "argument --lora-r: must be an integer >= 1 (got 0)"),
+        (["--lora-dropout", "2"], "argument --lora-dropout: must be a number >= 0 and < 1 (got 2)"),
+        (["--gpu-mem-gb", "-3"], "argument --gpu-mem-gb: must be a number > 0 (got -3)"),
+        (["--bus-bw-gbps", "0"], "argument --bus-bw-gbps: must be a number > 0 (got 0)"),
+        (["--tp", "3"], "--tp 3 does not divide the world size 1"),
+        (["--targets", "("], "argument --targets: '(' is not a regular expression"),
+        (["--targets", "nomatch"], "LoRA targets 'nomatch' match no Linear module"),  # on the tiny model's headers
+        (["nosuchfile.json"], "argument model: nosuchfile.json: no such file or folder"),
+    ],
+)
+def test_cli_refuses_bad_values_in_one_line_before_building_a_model(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(mb, "_shapes_from_config", lambda *a: pytest.fail("built a model for a bad command line"))
+    model = [] if argv[0] == "nosuchfile.json" else [str(ROOT / "assets" / "tiny-gemma4")]
+    with pytest.raises(SystemExit) as stop:
+        mb.main([*model, *argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
+
+
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

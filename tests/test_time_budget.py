@@ -239,6 +239,27 @@ def test_bad_input_is_one_line_as_the_trainer_says_it(monkeypatch, tmp_path, sam
     assert re.search(r"^error: .*" + message, str(stop.value)), stop.value
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus-per-node", "0"], "--gpus-per-node: must be an integer >= 1 (got 0)"),
+        (["--gpus-per-node", "1", "-2"], "--gpus-per-node: must be an integer >= 1 (got -2)"),
+        (["--nodes", "0"], "--nodes: must be an integer >= 1 (got 0)"),
+        (["--rows", "0"], "--rows: must be an integer >= 1 (got 0)"),
+        (["--bus-bw-gbps", "0"], "--bus-bw-gbps: must be a number > 0 (got 0)"),
+        (["--bus-bw-gbps", "-1"], "--bus-bw-gbps: must be a number > 0 (got -1)"),
+        (["--steps", "0"], "--steps: must be an integer >= 1 (got 0)"),
+        (["--warmup", "-1"], "--warmup: must be an integer >= 0 (got -1)"),
+    ],
+)
+def test_bad_options_are_a_usage_error_before_anything_runs(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(TB, "report", lambda *a: pytest.fail("ran with a bad command line"))
+    with pytest.raises(SystemExit) as stop:
+        TB.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"error: argument {message}" in err and "Traceback" not in err, err
+
+
 class Measuring(Exception):
     """Raised where main() starts measuring: what it set up by then is checked, nothing is run."""
 
