@@ -44,9 +44,17 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
+
+def seconds(text):  # argparse type of --timeout: a bad value is refused before any process group starts
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--fix", nargs="?", const="sampler", choices=["sampler", "join"])
-ap.add_argument("--timeout", type=float, default=10, help="process-group timeout, seconds")
+ap.add_argument("--timeout", type=seconds, default=10, help="process-group timeout, seconds")
 args = ap.parse_args()
 
 os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # NCCL: wait() raises on timeout (where a wait() is reached)
@@ -82,8 +90,13 @@ def report(kind: str, outcome: str) -> None:
     print(f"[rank {rank}] {outcome}", flush=True)
     kinds = [None] * world
     dist.all_gather_object(kinds, kind, group=side)
-    if rank == 0 and kinds == ["ok"] * world:
-        print(f"OK (--fix={args.fix}): every rank reached the barrier; no collective was left waiting")
+    done = kinds == ["ok"] * world  # every rank finished
+    if rank == 0 and done:
+        print(
+            f"OK (--fix={args.fix}): every rank reached the barrier; no collective was left waiting"
+            if args.fix
+            else f"NOT REPRODUCED (no --fix): every rank finished; batches per rank {counts}"
+        )
     elif rank == 0:
         long = [r for r, c in enumerate(counts) if c == max(counts)]
         short = [r for r, c in enumerate(counts) if c < max(counts)]
@@ -118,14 +131,15 @@ def report(kind: str, outcome: str) -> None:
             "(--fix=sampler); or Join([model]) for data uneven by nature (--fix=join)."
         )
         print(
-            "SPOT IT: TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
+            "SPOT IT: the job stalls near the end of an epoch; log len(loader) on every rank; "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collectives at once; the flight recorder "
             "(TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) shows which rank is a collective ahead."
         )
     sys.stdout.flush()
     dist.barrier(group=side)  # rank 0 has printed: now every rank may leave
-    if kinds == ["ok"] * world:
+    if done:
         dist.destroy_process_group()
-    os._exit(0 if kinds == ["ok"] * world else 1)  # no interpreter teardown: it can block on a broken group
+    os._exit(0 if done and args.fix else 1)  # no interpreter teardown: it can block on a broken group
 
 
 torch.manual_seed(0)

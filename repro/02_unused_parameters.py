@@ -31,6 +31,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+def seconds(text):  # argparse type of --timeout: a bad value is refused before any process group starts
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
+ap = argparse.ArgumentParser()  # parsed before the slow imports: a bad option is refused at once
+ap.add_argument("--fix", nargs="?", const="scope", choices=["scope", "find_unused"])
+ap.add_argument("--timeout", type=seconds, default=20, help="process-group timeout, seconds")
+ap.add_argument("--model", default=str(ROOT / "assets" / "tiny-gemma4"))
+args = ap.parse_args()
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
@@ -40,12 +55,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from collate import PadCollate  # noqa: E402
 
 SCOPED = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--fix", nargs="?", const="scope", choices=["scope", "find_unused"])
-ap.add_argument("--timeout", type=float, default=20, help="process-group timeout, seconds")
-ap.add_argument("--model", default=str(ROOT / "assets" / "tiny-gemma4"))
-args = ap.parse_args()
 
 cuda = torch.cuda.is_available()
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
@@ -98,9 +107,13 @@ if error is None:
             else "DDP walked the autograd graph for unused parameters after every forward "
             "(costly; the dead adapters are still all-reduced)"
         )
-        print(f"OK (--fix={args.fix}): 3 steps on {world} ranks; {why}")
+        print(
+            f"OK (--fix={args.fix}): 3 steps on {world} ranks; {why}"
+            if args.fix
+            else f"NOT REPRODUCED (no --fix): 3 steps on {world} ranks without an error"
+        )
     sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: a DDP object outliving its process group can abort (gloo)
+    os._exit(0 if args.fix else 1)  # no interpreter teardown: a DDP object outliving its process group can abort (gloo)
 
 m = re.search(r"did not receive grad for rank (\d+): ([\d ]+)", error)
 idx = [int(i) for i in m.group(2).split()] if m else []
@@ -119,6 +132,10 @@ if rank == 0:
     print(
         f"FIX:     target_modules={SCOPED!r} (--fix); "
         "find_unused_parameters=True (--fix=find_unused) works but costs a graph walk per step."
+    )
+    print(
+        "SPOT IT: the log's first traceback comes at step 2 (step 1 passes; no hang), ending in 'Parameter indices "
+        "which did not receive grad'; TORCH_DISTRIBUTED_DEBUG=DETAIL names them: modules a text batch never runs."
     )
 sys.stdout.flush()
 if rank != 0:

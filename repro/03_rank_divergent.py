@@ -45,10 +45,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+
+def seconds(text):  # argparse type of --timeout: a bad value is refused before any process group starts
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--variant", choices="abc", default="a")
 ap.add_argument("--fix", action="store_true")
-ap.add_argument("--timeout", type=float, default=10, help="process-group timeout, seconds")
+ap.add_argument("--timeout", type=seconds, default=10, help="process-group timeout, seconds")
 args = ap.parse_args()
 
 os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # NCCL: wait() raises on timeout (where a wait() is reached)
@@ -88,8 +96,13 @@ def report(kind: str, outcome: str) -> None:
     print(f"[rank {rank}] {outcome}", flush=True)
     kinds = [None] * world
     dist.all_gather_object(kinds, kind, group=side)
-    if rank == 0 and kinds == ["ok"] * world:
-        print(f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order")
+    done = kinds == ["ok"] * world  # every rank finished
+    if rank == 0 and done:
+        print(
+            f"OK (variant {args.variant}, --fix): every rank issued the same collectives in the same order"
+            if args.fix
+            else f"NOT REPRODUCED (variant {args.variant}, no --fix): every rank reached the end of the epoch"
+        )
     elif rank == 0:
         seen = {k: [r for r, x in enumerate(kinds) if x == k] for k in ("timeout", "error", "blocked", "ok")}
         print(
@@ -119,9 +132,9 @@ def report(kind: str, outcome: str) -> None:
         )
     sys.stdout.flush()
     dist.barrier(group=side)  # rank 0 has printed: now every rank may leave
-    if kinds == ["ok"] * world:
+    if done:
         dist.destroy_process_group()
-    os._exit(0 if kinds == ["ok"] * world else 1)  # no interpreter teardown: it can block on a broken group
+    os._exit(0 if done and args.fix else 1)  # no interpreter teardown: it can block on a broken group
 
 
 class Net(torch.nn.Module):  # one buffer, like Gemma's rotary inv_freq: DDP broadcasts it every forward

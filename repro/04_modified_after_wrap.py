@@ -15,8 +15,9 @@ CAUSE    No all-reduce for parameters DDP did not register at wrap time.
 FIX      Do every change first, wrap last: get_peft_model, freezing/unfreezing, gradient
          checkpointing, then DDP(model).   [--fix]
 SPOT IT  Compare a checksum of the trainable parameters across ranks (all_gather) after a few
-         steps; TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL logs DDP's parameter count at construction:
-         compare it with sum(p.numel() for p in trainable params) at step 1.
+         steps; TORCH_DISTRIBUTED_DEBUG=INFO with TORCH_CPP_LOG_LEVEL=INFO logs DDP's
+         num_parameter_tensors at construction: compare it with the number of tensors with
+         requires_grad at step 1.
 
     torchrun --standalone --nproc_per_node=2 repro/04_modified_after_wrap.py [--variant adapters|unfreeze] [--fix]
 """
@@ -32,6 +33,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+def seconds(text):  # argparse type of --timeout: a bad value is refused before any process group starts
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
+ap = argparse.ArgumentParser()  # parsed before the slow imports: a bad option is refused at once
+ap.add_argument("--variant", choices=["adapters", "unfreeze"], default="adapters")
+ap.add_argument("--fix", action="store_true")
+ap.add_argument("--timeout", type=seconds, default=20, help="process-group timeout, seconds")
+ap.add_argument("--model", default=str(ROOT / "assets" / "tiny-gemma4"))
+args = ap.parse_args()
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
@@ -39,13 +56,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from collate import PadCollate  # noqa: E402
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--variant", choices=["adapters", "unfreeze"], default="adapters")
-ap.add_argument("--fix", action="store_true")
-ap.add_argument("--timeout", type=float, default=20, help="process-group timeout, seconds")
-ap.add_argument("--model", default=str(ROOT / "assets" / "tiny-gemma4"))
-args = ap.parse_args()
 
 cuda = torch.cuda.is_available()
 dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
@@ -116,11 +126,18 @@ if rank == 0:
             "so their gradients are never all-reduced."
         )
         print("FIX:     apply get_peft_model / freezing / unfreezing BEFORE wrapping in DDP (--fix).")
-    else:
+        print(
+            "SPOT IT: nothing in the logs; an all_gather of a checksum of the trained parameters differs across ranks; "
+            "TORCH_DISTRIBUTED_DEBUG=INFO TORCH_CPP_LOG_LEVEL=INFO logs DDP's num_parameter_tensors at the wrap: "
+            "not the number of trainable tensors."
+        )
+    elif args.fix:
         print("OK (--fix): identical checksums on every rank; DDP all-reduced every trained parameter")
+    else:
+        print(f"NOT REPRODUCED (no --fix): identical checksums on ranks {list(range(world))}")
 sys.stdout.flush()
 if drift and rank != 0:
     time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
 if not drift:
     dist.destroy_process_group()
-os._exit(1 if drift else 0)
+os._exit(0 if args.fix and not drift else 1)

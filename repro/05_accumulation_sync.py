@@ -36,12 +36,29 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+
+def at_least(low):  # argparse type: an int >= low; a bad value is refused before any process group starts
+    def integer(text):
+        if int(text) < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return int(text)
+
+    return integer
+
+
+def seconds(text):  # argparse type of --timeout
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--variant", choices="ab", default="a")
 ap.add_argument("--fix", action="store_true")
-ap.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step")
-ap.add_argument("--steps", type=int, default=3)
-ap.add_argument("--timeout", type=float, default=20, help="process-group timeout, seconds")
+ap.add_argument("--accum", type=at_least(2), default=4, help="micro-batches per optimizer step (>= 2)")
+ap.add_argument("--steps", type=at_least(1), default=3)
+ap.add_argument("--timeout", type=seconds, default=20, help="process-group timeout, seconds")
 args = ap.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -98,7 +115,10 @@ if rank == 0:
         print(f"  rank {r}: all-reduces per optimizer step {counts} (right: 1 each)   parameter sha256 {sha}")
     total = sum(gathered[0][0])
     if not bad:
-        print(f"OK (--fix): {total} all-reduces for {args.steps} steps, identical parameters on every rank")
+        print(
+            f"{'OK' if args.fix else 'NOT REPRODUCED'} ({label}): {total} all-reduces for {args.steps} steps, "
+            "identical parameters on every rank"
+        )
     elif too_many:
         print(
             f"SYMPTOM: {total} all-reduces for {args.steps} optimizer steps on every rank instead of {args.steps}: "
@@ -111,6 +131,10 @@ if rank == 0:
         print(
             "FIX:     run forward AND backward of micro-batches 1..A-1 inside no_sync(), the last one outside (--fix)."
         )
+        print(
+            "SPOT IT: no error; step time grows with the accumulation count; a torch.profiler trace (or a counting "
+            "comm hook) shows an allreduce after every micro-batch's backward, not one per optimizer step."
+        )
     else:
         print(
             f"SYMPTOM: {total} all-reduces in {args.steps} steps; parameters on ranks {list(range(world))} differ "
@@ -118,9 +142,13 @@ if rank == 0:
         )
         print("CAUSE:   the last micro-batch also ran inside no_sync(), so gradients were never all-reduced.")
         print("FIX:     leave no_sync() for the last micro-batch of each step: one all-reduce per step (--fix).")
+        print(
+            "SPOT IT: no error and no allreduce in a profiler trace; checkpoints saved by different ranks differ, "
+            "and an all_gather of a parameter checksum differs across ranks."
+        )
 sys.stdout.flush()
 if bad and rank != 0:
     time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
 if not bad:
     dist.destroy_process_group()
-os._exit(1 if bad else 0)
+os._exit(0 if args.fix and not bad else 1)

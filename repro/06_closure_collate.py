@@ -31,6 +31,12 @@ from torch.utils.data import DataLoader  # noqa: E402
 from collate import IGNORE_INDEX, PadCollate  # noqa: E402
 
 
+def workers(text):  # argparse type of --workers: with 0, nothing is pickled and the bug cannot show
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (0 loads in the main process: no pickling), got {text}")
+    return int(text)
+
+
 def make_collate(pad_id):  # the bug: a closure capturing pad_id
     def collate(examples):
         width = max(len(e["input_ids"]) for e in examples)
@@ -44,7 +50,7 @@ def make_collate(pad_id):  # the bug: a closure capturing pad_id
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fix", action="store_true")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=workers, default=2, help="DataLoader workers (>= 1)")
     args = ap.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
@@ -68,6 +74,10 @@ def main():
                 f"the closure {collate_fn.__qualname__!r} has no importable name."
             )
             print("FIX:     a top-level class: DataLoader(..., collate_fn=collate.PadCollate(pad_token_id)) (--fix).")
+            print(
+                "SPOT IT: every rank fails before step 1, after torch's warning 'Got pickle error when attempting to "
+                "start a worker'; the same code runs with num_workers=0 or fork (Linux, Python < 3.14)."
+            )
         sys.stdout.flush()
         if rank != 0:
             time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
@@ -75,7 +85,12 @@ def main():
     print(f"[rank {rank}] {len(shapes)} batches from {args.workers} spawned workers, shapes {shapes}", flush=True)
     if rank == 0:
         time.sleep(0.2)
-        print("OK (--fix): PadCollate is a top-level class, pickled by reference into every worker")
+        print(
+            "OK (--fix): PadCollate is a top-level class, pickled by reference into every worker"
+            if args.fix
+            else "NOT REPRODUCED (no --fix): the closure reached the workers"
+        )
+    sys.exit(0 if args.fix else 1)
 
 
 if __name__ == "__main__":  # required under spawn: workers re-import this file

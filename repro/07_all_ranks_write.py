@@ -36,11 +36,25 @@ import time
 import torch
 import torch.distributed as dist
 
+
+def block(text):  # argparse type of --block; a bad value is refused before any process group starts
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 byte, got {text}")
+    return int(text)
+
+
+def seconds(text):  # argparse type of --timeout
+    t = float(text)
+    if not 1 <= t <= 86400:  # also refuses nan and inf; under 1 s, start-up itself times out
+        raise argparse.ArgumentTypeError(f"must be 1 to 86400 seconds, got {text}")
+    return t
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--fix", action="store_true")
 ap.add_argument("--dir", default=None, help="directory for the checkpoint (shared storage for multi-node)")
-ap.add_argument("--block", type=int, default=64 * 1024, help="bytes written per turn")
-ap.add_argument("--timeout", type=float, default=20, help="process-group timeout, seconds")
+ap.add_argument("--block", type=block, default=64 * 1024, help="bytes written per turn")
+ap.add_argument("--timeout", type=seconds, default=20, help="process-group timeout, seconds")
 args = ap.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -114,8 +128,10 @@ if rank == 0:
     shutil.rmtree(where[0], ignore_errors=True)
     for r, s in enumerate(shas):
         print(f"  rank {r} meant to save sha256 {s}")
-    if all(results):
+    if all(results) and args.fix:
         print("OK (--fix): rank 0 wrote to a temp file, fsync, os.replace, barrier; every rank read rank 0's state")
+    elif all(results):
+        print(f"NOT REPRODUCED (no --fix): ranks {list(range(world))} all wrote, every rank read rank 0's state")
     else:
         print(
             f"SYMPTOM: ranks {list(range(world))} all wrote {os.path.basename(path)}; "
@@ -127,8 +143,12 @@ if rank == 0:
         print(
             "FIX:     if rank == 0: save to a temp file, fsync, os.replace; then barrier; others read after it (--fix)."
         )
+        print(
+            "SPOT IT: resuming fails ('failed finding central directory', CRC error) or the loss jumps after a resume; "
+            "the checkpoint's sha256 changes between saves of one step; torch.save outside `if rank == 0` in the code."
+        )
 sys.stdout.flush()
-if not all(results):
+if not (all(results) and args.fix):
     if rank != 0:
         time.sleep(1.5)  # let rank 0 print the summary before torchrun tears the job down
     os._exit(1)

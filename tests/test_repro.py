@@ -1,7 +1,10 @@
 """Every repro/ script on 2 ranks (LANE_RANKS), on gloo (CPU) and on NCCL (GPU lane): each bug variant fails in
-bounded time with its message and a SYMPTOM/CAUSE/FIX summary; each fix exits 0."""
+bounded time with its message and a SYMPTOM/CAUSE/FIX/SPOT IT summary; each fix exits 0. A bad numeric option is
+refused by argparse before any process group starts; a bug mode that does not reproduce never claims a fix."""
 
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -120,7 +123,7 @@ def test_bug_fails_fast_and_explains(script, args, patterns, backend, record_pro
     assert seconds < BOUND
     for pattern in patterns:
         assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
-    for tag in ("SYMPTOM:", "CAUSE:", "FIX:"):  # three lines, printed once (by rank 0)
+    for tag in ("SYMPTOM:", "CAUSE:", "FIX:", "SPOT IT:"):  # four lines, printed once (by rank 0)
         # not anchored at line starts: unbuffered ranks write a line and its newline separately, so
         # another rank's line can land in between
         assert len(re.findall(tag, out)) == 1, f"{tag} not printed exactly once:\n{out[-4000:]}"
@@ -136,6 +139,41 @@ def test_fix_exits_zero(script, args, patterns, backend, record_property):
     record_property("seconds", round(seconds, 1))
     out = launch.output
     assert launch.returncode == 0, out[-4000:]
-    assert "SYMPTOM:" not in out and "OK (" in out, out[-4000:]
+    assert not re.search("SYMPTOM:|SPOT IT:", out) and "OK (" in out, out[-4000:]
     for pattern in patterns:
         assert re.search(pattern, out), f"{pattern!r} not in output:\n{out[-4000:]}"
+
+
+# (script, option, a value it must refuse): every numeric option of every script
+BAD_VALUES = [
+    ("01_uneven_batches.py", "--timeout", "0"),
+    ("02_unused_parameters.py", "--timeout", "-1"),
+    ("03_rank_divergent.py", "--timeout", "nan"),
+    ("04_modified_after_wrap.py", "--timeout", "inf"),
+    ("05_accumulation_sync.py", "--accum", "1"),
+    ("05_accumulation_sync.py", "--steps", "0"),
+    ("05_accumulation_sync.py", "--timeout", "0.5"),
+    ("06_closure_collate.py", "--workers", "0"),
+    ("07_all_ranks_write.py", "--block", "0"),
+    ("07_all_ranks_write.py", "--timeout", "x"),
+]
+
+
+@pytest.mark.parametrize("script,option,value", BAD_VALUES, ids=[f"{c[0][:2]}{c[1]}={c[2]}" for c in BAD_VALUES])
+def test_bad_value_is_refused_up_front(script, option, value):
+    # plain python, no torchrun: a script that got past argparse would fail in init_process_group with a traceback
+    run = subprocess.run(
+        [sys.executable, REPRO / script, option, value], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert run.returncode == 2 and not run.stdout, run.stdout + run.stderr
+    usage, error = run.stderr.split(f"{script}: error: ")  # argparse: the usage, then one line naming the option
+    assert usage.startswith("usage: ") and "Traceback" not in usage, run.stderr
+    assert re.fullmatch(rf"argument {option}: .*{re.escape(value)}.*\n", error), run.stderr
+
+
+# on one rank these bugs cannot show: the run must say so and exit non-zero, not print an OK meant for --fix
+@pytest.mark.parametrize("script,args", [("01_uneven_batches.py", ()), ("05_accumulation_sync.py", ("--variant", "b"))])
+def test_bug_mode_that_does_not_reproduce_says_so(script, args):
+    launch = torchrun(REPRO / script, *args, nproc=1, timeout=BOUND)
+    assert launch.returncode != 0 and "NOT REPRODUCED (" in launch.output, launch.output[-4000:]
+    assert "OK (" not in launch.output and "(--fix" not in launch.output, launch.output[-4000:]
