@@ -275,6 +275,11 @@ class GracefulStop:
         """Why the job stops at the end of this step (None: it does not)."""
         return self.signal.name if self.signal else self.requested
 
+    @property
+    def by(self) -> str:
+        """Who stopped the job, as this rank knows it (a peer's signal reaches it as the all-reduced flag only)."""
+        return self.reason or "another rank"
+
     def request(self, reason: str) -> None:
         """Stop at the end of this step with a checkpoint, as on SIGTERM (every rank learns it in the step's
         last all-reduce)."""

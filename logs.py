@@ -6,6 +6,7 @@
 - seconds_since_launch(): the process's age, for the run's wall time in its last line.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -140,7 +141,8 @@ class StepLog:
                 while line:
                     line = line[f.write(line) :]
             except OSError as e:  # a full disk: no half line left for the next run to append to
-                f.truncate(whole)
+                with contextlib.suppress(OSError):  # (a file system turned read-only keeps it)
+                    f.truncate(whole)
                 raise OSError(e.errno, e.strerror, str(path)) from e  # named: reported as OUTPUT_DIR's failure
         writer = tensorboard_writer(self.output_dir)
         if writer is not None:

@@ -12,10 +12,12 @@
 """
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -254,22 +256,35 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     return path
 
 
-def set_aside_later_checkpoints(output_dir: str, start_step: int) -> str | None:
-    """Rank 0, once every rank holds the step this run starts from (0: a fresh start). The checkpoints in
-    OUTPUT_DIR/checkpoints past it belong to another line of training (an earlier run, or the steps a rollback
-    undoes): RESUME=auto would continue them rather than this run, and pruning only removes older ones. They
-    are moved, not deleted, into checkpoints/set-aside-<time>/. Returns the line that says so, or None."""
-    folder = Path(output_dir) / "checkpoints"
-    later = [p for p in sorted(folder.glob("step-*")) if p.name > f"step-{start_step:08d}"]
+def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None) -> str | None:
+    """Rank 0, once every rank holds the step this run starts from (0: a fresh start; `resumed`: the checkpoint
+    it came from, never moved). Checkpoints in OUTPUT_DIR/checkpoints past that step, and a final adapter past
+    it, belong to another line of training (an earlier run, or the steps a rollback undoes): RESUME=auto would
+    continue them, or call the run complete, rather than continue this one. They are moved, not deleted, into
+    checkpoints/set-aside-<time>/. Returns the line that says so, or None."""
+
+    def step(folder: Path) -> int:  # -1: not a save of this script's naming, or unreadable: left where it is
+        if folder.name == "adapter":
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                return json.loads((folder / "run.json").read_text())["progress"]["step"]
+            return -1
+        return int(folder.name[5:]) if re.fullmatch(r"step-\d+", folder.name) else -1
+
+    checkpoints = Path(output_dir) / "checkpoints"
+    later = [
+        p
+        for p in [*sorted(checkpoints.glob("step-*")), Path(output_dir) / "adapter"]
+        if step(p) > start_step and not (resumed is not None and p.resolve() == resumed.resolve())
+    ]
     if not later:
         return None
-    aside = folder / time.strftime("set-aside-%Y%m%d-%H%M%S")
-    aside.mkdir()
+    aside = checkpoints / time.strftime("set-aside-%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True)
     for path in later:
         path.rename(aside / path.name)
     return (
-        f"{len(later)} checkpoint(s) of another line of training ({later[0].name} to {later[-1].name}) moved to "
-        f"{aside}: RESUME=auto continues this run"
+        f"what another line of training saved past step {start_step} ({', '.join(p.name for p in later)}) was "
+        f"moved to {aside}: RESUME=auto continues this run"
     )
 
 
@@ -291,7 +306,7 @@ def not_a_checkpoint(resume: str) -> str | None:
         return f"{setting} is a file, not a checkpoint folder; {takes}"
     if (problem := damage(path, ADAPTER_FILES)) is not None:
         return f"{setting} is not an intact checkpoint folder: {problem}"
-    if damage(path, CHECKPOINT_FILES) is not None:
+    if "trainer_state.pt" not in json.loads((path / MANIFEST).read_text())["files"]:  # (damage() hashed it)
         return (
             f"{setting} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer state, no "
             f"progress), so training cannot continue from it; {takes}"

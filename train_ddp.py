@@ -520,7 +520,9 @@ def synchronized_clock(device: torch.device) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.device, micro_batch: int, stop=None):
+def evaluate(
+    model: DDP, dataset: Dataset, collate: PadCollate, device: torch.device, micro_batch: int, stop=None
+) -> dict | None:
     """Token-weighted eval loss over the whole file: equals a single-process evaluation. None if a rank was
     asked to stop (`stop`, a GracefulStop): the ranks agree after every batch, so a preemption during a long
     evaluation still reaches its checkpoint within torchrun's 30 s.
@@ -534,15 +536,16 @@ def evaluate(model: DDP, dataset: Dataset, collate: PadCollate, device: torch.de
     was_training = model.training
     model.eval()
     loss, targets = 0.0, 0
-    for at in range(0, math.ceil(len(dataset) / world), micro_batch):
-        if rows := shard[at : at + micro_batch]:
-            with autocast(device):
-                s, n = model.module(**on_device(collate([dataset[i] for i in rows]), device))
-            loss, targets = loss + float(s), targets + int(n)
-        if all_reduce_sum([stop is not None and stop.reason is not None], device)[0]:
-            model.train(was_training)
-            return None
-    model.train(was_training)
+    try:
+        for at in range(0, math.ceil(len(dataset) / world), micro_batch):
+            if rows := shard[at : at + micro_batch]:
+                with autocast(device):
+                    s, n = model.module(**on_device(collate([dataset[i] for i in rows]), device))
+                loss, targets = loss + float(s), targets + int(n)
+            if all_reduce_sum([stop is not None and stop.reason is not None], device)[0]:
+                return None
+    finally:
+        model.train(was_training)
     loss, targets = all_reduce_sum([loss, targets], device)
     if not targets:  # every answer cut by MAX_LEN: no loss to report (0 would read as a perfect model)
         return {"eval_loss": None, "eval_ppl": None, "eval_targets": 0}
@@ -568,7 +571,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
 
         final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         run_record.publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # + AdamW's moments
-        # prune only older checkpoints: after a rollback (RESUME=older step) the new one must survive
+        # prune only older checkpoints (later ones, of another line of training, were set aside at the start)
         older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
         for stale in older[: max(len(older) - keep + 1, 0)]:
             shutil.rmtree(stale)
@@ -710,11 +713,11 @@ def main() -> None:
             return
         params = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.LR, weight_decay=cfg.WEIGHT_DECAY, fused=device.type == "cuda")
-        progress = {"epoch": 0, "step": 0, "step_in_epoch": 0}
+        progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "updates": 0}  # updates: steps that were not skipped
         if (resume := check_same_checkpoint(resume)) is not None:
             progress = load_checkpoint(resume, peft_model, optimizer)
             say(f"resumed from {resume} at step {progress['step']}")
-        if rank == 0 and (moved := run_record.set_aside_later_checkpoints(cfg.OUTPUT_DIR, progress["step"])):
+        if rank == 0 and (moved := run_record.set_aside_later_saves(cfg.OUTPUT_DIR, progress["step"], resume)):
             say(moved)
         if cfg.OPTIMIZER_OFFLOAD:
             optimizer_state_on_host(optimizer)
@@ -760,7 +763,8 @@ def main() -> None:
                     loss_sum, counts, stopping = forward_backward(model, micro_batches, device, stop)
                 grad_norm, skipped, lr = optimizer_step(optimizer, scheduler, params, cfg, loss_sum, counts[0], step)
                 step_time = synchronized_clock(device) - t0
-                progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1)
+                updates = progress.get("updates", 1) + (skipped is None)  # (1: a checkpoint from before the count)
+                progress.update(step=step, step_in_epoch=progress["step_in_epoch"] + 1, updates=updates)
                 if progress["step_in_epoch"] == epoch_steps[epoch]:  # epoch end: resume starts the next epoch
                     progress.update(epoch=epoch + 1, step_in_epoch=0)
                 position.completed = step
@@ -772,7 +776,9 @@ def main() -> None:
                 if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0 and not stopping:
                     metrics = evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)
                     stopping = metrics is None  # preempted during the evaluation: checkpoint as below
-                    if not stopping:
+                    if stopping:
+                        say(f"evaluation at step {step} skipped: stopped by {stop.by}")
+                    else:
                         log.eval(step, metrics)
                 if stopping and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
                     stop.at_boundary.set()
@@ -780,27 +786,29 @@ def main() -> None:
                         model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS
                     )
                     again = "the same command" if cfg.RESUME == "auto" else f"RESUME=auto (or RESUME={path})"
-                    say(f"stopped by {stop.reason or 'another rank'} after step {step}: {path} saved; {again} resumes")
+                    say(f"stopped by {stop.by} after step {step}: {path} saved; {again} resumes")
                     return
                 if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
                     save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
                     say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
         log.close()
-        if log.steps and len(log.skipped) == log.steps:  # the same on every rank: the decisions were all-reduced
-            why = "; ".join(dict.fromkeys(log.skipped.values()))
+        if progress["updates"] == 0:  # the same on every rank: the decisions were all-reduced (and checkpointed)
+            why = "; ".join(dict.fromkeys(log.skipped.values())) or "in earlier attempts"
             raise guards.JobStopped(
-                f"all {log.steps} steps of this run skipped their update ({why}): the adapter did not change, so "
-                f"it is not saved as the run's result"
+                f"all {progress['step']} steps of this run skipped their update ({why}): the adapter did not change, "
+                f"so it is not saved as the run's result"
             )
 
         # 7. Final evaluation, drift check and the adapter (rank 0 writes, everyone waits at a barrier).
         if eval_set is not None and not (cfg.EVAL_EVERY and progress["step"] % cfg.EVAL_EVERY == 0):  # else just done
             if stopping or (metrics := evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)) is None:
-                stop.at_boundary.set()  # preempted: the adapter is saved in torchrun's 30 s, the evaluation skipped
-                say(f"final evaluation skipped: stopped by {stop.reason or 'another rank'}")
+                stopping = True
+                say(f"final evaluation skipped: stopped by {stop.by}")
             else:
                 log.eval(progress["step"], metrics, final=True)
+        if stopping:  # preempted in the last step or an evaluation: the adapter is saved within torchrun's 30 s
+            stop.at_boundary.set()
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
         say(

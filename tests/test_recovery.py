@@ -403,19 +403,24 @@ def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
     assert "adapter checksum" not in run.output
 
 
-def test_a_run_whose_every_step_skipped_its_update_ends_in_an_error_without_an_adapter(tmp_path, data):
+def test_a_run_whose_every_step_skipped_its_update_ends_in_an_error_without_an_adapter_even_when_run_again(
+    tmp_path, data
+):
+    """The count of updates is checkpointed: run again, the job resumes from its last step (an epoch end, saved)
+    and still does not publish the unchanged adapter."""
     out = tmp_path / "out"
-    env = job_env(data, out, FAULT="nan@*", NAN_POLICY="skip", MAX_STEPS="2", EVAL_PATH="")
-    run = torchrun(FAULTY_TRAIN, timeout=120, env=env)
-    assert run.returncode != 0
-    for rank in (0, 1):
-        assert re.search(
-            rf"^\[rank {rank}\] error: all 2 steps of this run skipped their update \(non-finite loss or gradient; "
-            r"NAN_POLICY=skip\): the adapter did not change, so it is not saved as the run's result",
-            run.output,
-            re.M,
-        ), run.output[-4000:]
-    assert not (out / "adapter").exists()
+    for script, why in [(FAULTY_TRAIN, "non-finite loss or gradient; NAN_POLICY=skip"), (ROOT / "train_ddp.py", "")]:
+        run = torchrun(script, timeout=120, env=job_env(data, out, FAULT="nan@*", NAN_POLICY="skip", EVAL_PATH=""))
+        assert run.returncode != 0
+        for rank in (0, 1):
+            assert re.search(
+                rf"^\[rank {rank}\] error: all {TOTAL_STEPS} steps of this run skipped their update "
+                rf"\({re.escape(why or 'in earlier attempts')}\): the adapter did not change, so it is not saved",
+                run.output,
+                re.M,
+            ), run.output[-4000:]
+        assert not (out / "adapter").exists()
+    assert resumed_step(run.output) == TOTAL_STEPS
 
 
 def test_drift_on_one_rank_stops_the_job_naming_that_rank(tmp_path, data):
@@ -738,10 +743,11 @@ def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_r
     run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="term@3@1", RESUME=""))
     assert run.returncode == 0, run.output[-4000:]
     assert re.search(
-        r"2 checkpoint\(s\) of another line of training \(step-00000004 to step-00000006\) moved to "
+        r"what another line of training saved past step 0 \(step-00000004, step-00000006\) was moved to "
         rf"{out}/checkpoints/set-aside-\d+-\d+: RESUME=auto continues this run",
         run.output,
     ), run.output[-4000:]
+    assert "evaluation at step 3 skipped: stopped by another rank" in run.output, run.output[-4000:]
     assert re.search(
         r"stopped by another rank after step 3: \S+step-00000003 saved; RESUME=auto \(or RESUME=\S+\) resumes",
         run.output,

@@ -100,19 +100,21 @@ def test_a_checkpoint_past_the_runs_last_step_is_refused(checkpoint):
         run_record.checkpoint_to_resume(run, {"LR": 1e-4}, 1)
 
 
-def test_checkpoints_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
+def test_saves_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
     ckpts = tmp_path / "checkpoints"
     for step in (2, 4, 6):
         saved_run(ckpts / f"step-{step:08d}", {"LR": 2e-4}, step)
-    assert run_record.set_aside_later_checkpoints(str(tmp_path), 6) is None
-    line = run_record.set_aside_later_checkpoints(str(tmp_path), 2)
+    saved_run(tmp_path / "adapter", {"LR": 2e-4}, 7, trainer_state=False)
+    saved_run(ckpts / "step-9", {"LR": 2e-4}, 2)  # renamed by hand, and resumed from: stays where the ranks read it
+    assert run_record.set_aside_later_saves(str(tmp_path), 9, None) is None
+    line = run_record.set_aside_later_saves(str(tmp_path), 2, ckpts / "step-9")
     (aside,) = ckpts.glob("set-aside-*")
     assert line == (
-        f"2 checkpoint(s) of another line of training (step-00000004 to step-00000006) moved to {aside}: "
-        f"RESUME=auto continues this run"
+        f"what another line of training saved past step 2 (step-00000004, step-00000006, adapter) was moved to "
+        f"{aside}: RESUME=auto continues this run"
     )
-    assert [p.name for p in ckpts.glob("step-*")] == ["step-00000002"]
-    assert sorted(p.name for p in aside.iterdir()) == ["step-00000004", "step-00000006"]
+    assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-00000002", "step-9"]
+    assert sorted(p.name for p in aside.iterdir()) == ["adapter", "step-00000004", "step-00000006"]
     assert run_record.damage(aside / "step-00000006", run_record.CHECKPOINT_FILES) is None
 
 

@@ -507,10 +507,12 @@ def test_an_eval_set_without_a_target_token_reports_no_loss(tokenizer, tiny_lora
     rows = [[{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "Ok"}]] * 2
     dataset = chat_data.ChatDataset(rows, tokenizer, max_len=64, assistant_only=True)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = None
     try:
         model = torch.nn.parallel.DistributedDataParallel(CausalLMLoss(tiny_lora_model, 0))
         result = T.evaluate(model, dataset, PadCollate(tokenizer.pad_token_id, 64), torch.device("cpu"), 1)
     finally:
+        del model  # first: DDP's reducer holds the group, and freed after it is destroyed it can hang (gloo)
         dist.destroy_process_group()
     assert result == {"eval_loss": None, "eval_ppl": None, "eval_targets": 0}
 
