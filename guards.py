@@ -252,6 +252,11 @@ class HangWatchdog(threading.Thread):
         self.stopped.set()
 
 
+def stop_asked(stop: "GracefulStop | None") -> bool:
+    """Whether this rank was asked to stop (no GracefulStop, as in benchmarks and tests: never)."""
+    return stop is not None and stop.reason is not None
+
+
 class GracefulStop:
     """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C or a lost launcher (HangWatchdog): every
     rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.

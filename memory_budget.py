@@ -240,6 +240,10 @@ def is_targeted(module_name: str, targets) -> bool:
     return any(module_name == t or module_name.endswith("." + t) for t in targets)
 
 
+class NoTargets(ValueError):
+    """LoRA targets that match no Linear module of the model."""
+
+
 def lora_params(shapes: dict, targets=DEFAULT_TARGETS, r: int = 16, tied: bool = True) -> dict:
     """{module name: r * (in + out)} over the modules LoRA wraps (lora_A is r x in, lora_B out x r)."""
     return {m: r * (o + i) for m, (o, i) in _modules(shapes, tied).items() if is_targeted(m, targets)}
@@ -506,7 +510,7 @@ def estimate(
 
     lora = {} if full else lora_params(param_shapes, targets, lora_r, tied)
     if not full and not lora and not train_embeddings:
-        raise ValueError(f"LoRA targets {targets!r} match no Linear module")
+        raise NoTargets(f"LoRA targets {targets!r} match no Linear module")
     n_lora = sum(lora.values())
     # modules_to_save: PEFT trains a copy of the embedding (one copy when tied, with ensure_weight_tying)
     # in the stored dtype, beside the frozen original; AdamW keeps its moments in that dtype too.
@@ -997,7 +1001,7 @@ def main(argv=None) -> int:
             attention=args.attention,
             compiled=args.compile_layers,
         )
-    except ValueError as e:  # --targets that match no module: known only once the shapes are
+    except NoTargets as e:  # known only once the shapes are
         ap.error(str(e))
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0

@@ -467,8 +467,7 @@ def forward_backward(model: DDP, micro_batches: list[dict], device: torch.device
                 loss_sum, _ = model(**batch)
             (loss_sum * scale).backward()
         local_loss += loss_sum.detach().double()
-    stopping = stop is not None and stop.reason is not None
-    loss_sum_all, stops = all_reduce_sum([local_loss.item(), stopping], device)
+    loss_sum_all, stops = all_reduce_sum([local_loss.item(), guards.stop_asked(stop)], device)
     return loss_sum_all, (n_targets, n_tokens, n_padded), stops > 0
 
 
@@ -542,7 +541,7 @@ def evaluate(
                 with autocast(device):
                     s, n = model.module(**on_device(collate([dataset[i] for i in rows]), device))
                 loss, targets = loss + float(s), targets + int(n)
-            if all_reduce_sum([stop is not None and stop.reason is not None], device)[0]:
+            if all_reduce_sum([guards.stop_asked(stop)], device)[0]:
                 return None
     finally:
         model.train(was_training)

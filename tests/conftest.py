@@ -4,6 +4,7 @@ Multi-rank tests run on gloo (CPU, what CI runs) and, where a case is parametriz
 NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped without 2 CUDA devices."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def launch_env(backend: str = "gloo") -> dict:
 class Launch:
     returncode: int
     output: str  # stdout and stderr of every rank, interleaved
+
+    def errors(self) -> dict[int, str]:
+        """The message of each rank's `[rank N] error: ...` line, by rank (a rank torchrun stopped first has none)."""
+        return {int(m[1]): m[2] for m in re.finditer(r"^\[rank (\d+)\] error: (.*)$", self.output, re.M)}
 
 
 def free_port() -> int:
@@ -103,6 +108,15 @@ def torchrun(
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?)\n{out[-6000:]}")
     return Launch(proc.returncode, out)
+
+
+def usage_error(main, argv: list, capsys) -> str:
+    """What a command-line tool's `main(argv)` prints when argparse refuses `argv`: exit 2, no traceback."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    return err
 
 
 def nonzero_lora_b(model):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import usage_error
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
@@ -540,9 +541,7 @@ def test_compiled_layers_let_the_planner_take_a_larger_micro_batch(capsys, shape
 
 def test_cli_rejects_an_impossible_layout(capsys):
     for bad in (["--micro-batch", "0"], ["--ckpt-every", "-1"], ["--ce-chunk-tokens", "-64"]):
-        with pytest.raises(SystemExit):
-            mb.main([str(CONFIG_12B), *bad])
-        assert "must be" in capsys.readouterr().err
+        assert f"{bad[0][2:].replace('-', '_')} must be" in usage_error(mb.main, [str(CONFIG_12B), *bad], capsys)
 
 
 @pytest.mark.parametrize(
@@ -566,10 +565,8 @@ def test_cli_rejects_an_impossible_layout(capsys):
 def test_cli_refuses_bad_values_in_one_line_before_building_a_model(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(mb, "_shapes_from_config", lambda *a: pytest.fail("built a model for a bad command line"))
     model = [] if argv[0] == "nosuchfile.json" else [str(ROOT / "assets" / "tiny-gemma4")]
-    with pytest.raises(SystemExit) as stop:
-        mb.main([*model, *argv])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
+    err = usage_error(mb.main, [*model, *argv], capsys)
+    assert f"error: {message}" in err, err
 
 
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):

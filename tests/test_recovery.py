@@ -391,13 +391,14 @@ def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
         FAULTY_TRAIN, timeout=120, env=job_env(data, tmp_path / "out", FAULT="nan@2@1", NAN_POLICY="stop", EVAL_PATH="")
     )
     assert run.returncode != 0
-    for rank in (0, 1):  # an expected stop: one line each, no traceback of ours above torchrun's own
-        assert re.search(
-            rf"^\[rank {rank}\] error: non-finite loss or gradient norm at step 2 .*NAN_POLICY=stop "
-            rf"\(in optimizer step 2; last completed step: 1\)$",
-            run.output,
-            re.M,
-        ), run.output[-4000:]
+    errors = run.errors()  # an expected stop: one line each, no traceback of ours above torchrun's own
+    assert sorted(errors) == [0, 1], run.output[-4000:]
+    for line in errors.values():
+        assert re.fullmatch(
+            r"non-finite loss or gradient norm at step 2 .*NAN_POLICY=stop "
+            r"\(in optimizer step 2; last completed step: 1\)",
+            line,
+        ), line
     assert run.output.count("Traceback (most recent call last)") == 1, run.output[-6000:]  # torchrun's
     assert "traceback : JobStopped: non-finite loss" in run.output  # torchrun's summary names the root cause
     assert "adapter checksum" not in run.output
@@ -412,13 +413,13 @@ def test_a_run_whose_every_step_skipped_its_update_ends_in_an_error_without_an_a
     for script, why in [(FAULTY_TRAIN, "non-finite loss or gradient; NAN_POLICY=skip"), (ROOT / "train_ddp.py", "")]:
         run = torchrun(script, timeout=120, env=job_env(data, out, FAULT="nan@*", NAN_POLICY="skip", EVAL_PATH=""))
         assert run.returncode != 0
-        for rank in (0, 1):
-            assert re.search(
-                rf"^\[rank {rank}\] error: all {TOTAL_STEPS} steps of this run skipped their update "
-                rf"\({re.escape(why or 'in earlier attempts')}\): the adapter did not change, so it is not saved",
-                run.output,
-                re.M,
-            ), run.output[-4000:]
+        errors = run.errors()
+        assert sorted(errors) == [0, 1], run.output[-4000:]
+        for line in errors.values():
+            assert line.startswith(
+                f"all {TOTAL_STEPS} steps of this run skipped their update ({why or 'in earlier attempts'}): "
+                "the adapter did not change, so it is not saved"
+            ), line
         assert not (out / "adapter").exists()
     assert resumed_step(run.output) == TOTAL_STEPS
 
@@ -580,7 +581,7 @@ def test_a_checkpoint_of_another_run_is_named_and_refused(tmp_path, data, refere
     assert run.returncode != 0
     # one message, the same on every rank that printed it before torchrun stopped the job (the first
     # rank to exit makes torchrun kill the other, which may not have printed yet)
-    lines = [ln.split("] ", 1)[1] for ln in run.output.splitlines() if re.match(r"\[rank [01]\] error: ", ln)]
+    lines = list(run.errors().values())
     assert lines and len(set(lines)) == 1, run.output[-3000:]
     assert f"checkpoints/step-{step:08d} was written with other settings (" in lines[0] and listed in lines[0], lines[0]
     assert ("RESUME_ALLOW_CHANGES=1" in lines[0]) == allowable
@@ -631,7 +632,7 @@ def test_a_rerun_that_cannot_continue_a_finished_run_without_checkpoints_is_refu
     ]
     for overrides, message in refusals:
         rerun = torchrun(ROOT / "train_ddp.py", env={**env, **overrides})
-        lines = [ln.split("] ", 1)[1] for ln in rerun.output.splitlines() if re.match(r"\[rank [01]\] error: ", ln)]
+        lines = list(rerun.errors().values())
         assert rerun.returncode != 0 and lines and len(set(lines)) == 1, rerun.output[-3000:]
         assert message in lines[0] and "FileNotFoundError" not in rerun.output, rerun.output[-3000:]
     assert_bitwise_equal(adapter(out), before)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import SAMPLE_DATA, cpu_config, free_port
+from conftest import SAMPLE_DATA, cpu_config, free_port, usage_error
 from transformers import AutoTokenizer
 
 import time_budget as TB
@@ -254,10 +254,8 @@ def test_bad_input_is_one_line_as_the_trainer_says_it(monkeypatch, tmp_path, sam
 )
 def test_bad_options_are_a_usage_error_before_anything_runs(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(TB, "report", lambda *a: pytest.fail("ran with a bad command line"))
-    with pytest.raises(SystemExit) as stop:
-        TB.main(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and f"error: argument {message}" in err and "Traceback" not in err, err
+    err = usage_error(TB.main, argv, capsys)
+    assert f"error: argument {message}" in err, err
 
 
 class Measuring(Exception):
