@@ -1,12 +1,14 @@
 """Benchmark train_ddp.py's own training loop: tokens/s, step time, peak memory, TFLOP/s and MFU.
 
-    python bench.py --config configs/gemma-4-12b.json --gpus 1 --runs plain,defaults,no-ckpt
+    python bench.py --config configs/gemma-4-12b.json --gpus 1,2 --runs plain,frugal-compile,fast-compile
 
 Each run launches `torchrun --nproc_per_node=GPUS train_ddp.py` (the real script, not a copy) on a
 model built from --config with random weights, over synthetic conversations truncated to exactly
 --seq-len tokens (no padding, every position a target), and reads its metrics.jsonl. Steps 2..N are
 the steady window (step 1 holds warm-up: allocator growth, kernel selection). The first run is the
-baseline of the "vs base" column; every run uses the same global batch (--samples per GPU per step).
+baseline of the "vs base" column; every run uses the same --samples per GPU per step. With several --gpus,
+each run is measured at each count, alone, and "scaling" is SPEC's efficiency: target tokens/s at N GPUs
+over N x its tokens/s at 1 GPU. "save s" is the adapter's save (metrics.jsonl's save_s).
 
 FLOPs per token (model FLOPs, recomputation not counted):
   4 x (decoder Linear params + LM head)  forward 2P + backward input-gradients 2P; frozen weights
@@ -47,6 +49,7 @@ RUNS = {
     "frugal": {"MEMORY_TARGET_GIB": "24.5", "MICRO_BATCH": "1"},
     "fast": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1"},
     "fast-compile": {"MEMORY_TARGET_GIB": "130", "MICRO_BATCH": "1", "COMPILE_LAYERS": "1"},
+    "frugal-compile": {"MEMORY_TARGET_GIB": "24.5", "MICRO_BATCH": "1", "COMPILE_LAYERS": "1"},
     # explicit layouts
     "no-ckpt": {"GRADIENT_CHECKPOINTING": "0", "MICRO_BATCH": "1"},
     "ckpt-half": {"GRADIENT_CHECKPOINTING": "2", "MICRO_BATCH": "1"},
@@ -110,8 +113,8 @@ def conversation_lengths(data: Path, model_id: str, max_len: int) -> list[int]:
     return ChatDataset(load_conversations(str(data)), chat_tokenizer(model_id), max_len, True).token_lengths
 
 
-def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:
-    out = work / name
+def run_one(name: str, gpus: int, overrides: dict, args, data: Path, work: Path, log: Path) -> dict:
+    out = work / f"{name}-{gpus}gpu"
     samples = args.samples
     micro = int(overrides.get("MICRO_BATCH", "1"))  # MEMORY_TARGET_GIB may re-split MICRO_BATCH x ACCUM_STEPS
     env = {
@@ -139,14 +142,14 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={args.gpus}",
+        f"--nproc_per_node={gpus}",
         str(HERE / "train_ddp.py"),
     ]
-    print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
-    failed = launch(cmd, env, out, args, output := work / f"{name}.out")
+    print(f"== {name} on {gpus} GPU(s): {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
+    failed = launch(cmd, env, out, args, output := work / f"{out.name}.out")
     text = output.read_text(errors="replace")
     with open(log, "a") as f:
-        f.write(f"\n===== {name} {overrides} ({failed or 'exit 0'})\n{text}")
+        f.write(f"\n===== {name} on {gpus} GPU(s) {overrides} ({failed or 'exit 0'})\n{text}")
     metrics = out / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     steady = [r for r in records if "step_time_s" in r and r["step"] >= 2]
@@ -157,10 +160,11 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
     if failed:
         print(f"   failed ({failed}): {' | '.join(text.strip().splitlines()[-3:])}", flush=True)
     if not steady:
-        return {"name": name, "failed": failed}
+        return {"name": name, "gpus": gpus, "failed": failed}
     seconds = sum(r["step_time_s"] for r in steady)
     result = {
         "name": name,
+        "gpus": gpus,
         "failed": failed,
         "step_s": seconds / len(steady),
         "target_tok_s": sum(r["targets"] for r in steady) / seconds,
@@ -169,6 +173,7 @@ def run_one(name: str, overrides: dict, args, data: Path, work: Path, log: Path)
         "peak_alloc_gib": max(r.get("peak_mem_gib", 0) for r in records),
         "peak_reserved_gib": max(r.get("peak_reserved_gib", 0) for r in records),
         "predicted_gib": next((r["predicted_peak_gib"] for r in records if "predicted_peak_gib" in r), None),
+        "save_s": next((r["save_s"] for r in records if r.get("saved") == "adapter"), None),
     }
     print(f"   {json.dumps(result)}", flush=True)
     return result
@@ -194,6 +199,28 @@ def launch(cmd: list, env: dict, out: Path, args, output: Path) -> str | None:
     return f"exit {proc.returncode}" if proc.returncode else None
 
 
+def gpu_counts(text: str) -> list[int]:
+    """--gpus: comma-separated GPU counts, each >= 1 (1,2,4: each run at each count)."""
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"comma-separated GPU counts >= 1, e.g. 1,2 (got {text!r})")
+    return list(dict.fromkeys(counts))
+
+
+def compare(results: list[dict]) -> None:
+    """Adds "vs_base" (target tokens/s over the first measured run's at the same GPU count) and "scaling"
+    (over N x the same run's at 1 GPU) to each measured result."""
+    measured = [r for r in results if "step_s" in r]
+    for r in measured:
+        base = next(b for b in measured if b["gpus"] == r["gpus"])
+        one = next((b for b in measured if b["name"] == r["name"] and b["gpus"] == 1), None)
+        r["vs_base"] = r["target_tok_s"] / base["target_tok_s"]
+        r["scaling"] = r["target_tok_s"] / (r["gpus"] * one["target_tok_s"]) if one else None
+
+
 def run_names(text: str) -> str:
     """--runs: comma-separated names from RUNS (checked), in order."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -212,7 +239,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(HERE / "configs" / "gemma-4-12b.json"))
     ap.add_argument("--runs", type=run_names, default="plain,defaults", help=f"comma-separated, from {', '.join(RUNS)}")
-    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--gpus", type=gpu_counts, default=[1], help="GPU counts, e.g. 1,2: every run at each")
     ap.add_argument("--model-id", default=str(HERE / "assets" / "tiny-gemma4"), help="where the tokenizer comes from")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--samples", type=int, default=8, help="samples per GPU per optimizer step")
@@ -238,37 +265,43 @@ def main() -> None:
     log.write_text("")
     data = Path(args.data).resolve() if args.data else work / "synthetic.jsonl"
     if not args.data:
-        synthetic_conversations(data, n=args.samples * args.gpus * (args.steps + 1) * 2, min_words=args.seq_len * 2)
+        rows = args.samples * max(args.gpus) * (args.steps + 1) * 2
+        synthetic_conversations(data, n=rows, min_words=args.seq_len * 2)
     extra = dict(kv.split("=", 1) for kv in args.set)
-    results = [run_one(name, {**RUNS[name], **extra}, args, data, work, log) for name in args.runs.split(",")]
+    results = [
+        run_one(name, gpus, {**RUNS[name], **extra}, args, data, work, log)
+        for name in args.runs.split(",")
+        for gpus in args.gpus
+    ]
+    compare(results)
 
     lengths = conversation_lengths(data, args.model_id, args.seq_len) if args.data else [args.seq_len]
     flops = train_flops_per_token(args.config, lengths)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
-    base = next((r for r in results if "step_s" in r), None)
     print(
-        f"\n{args.gpus}x {gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
+        f"\n{gpu} | {Path(args.config).name} | seq {args.seq_len} | {args.samples} samples/GPU/step | "
         f"steady steps 2..{args.steps} | {flops / 1e9:.1f} GFLOP/token"
     )
     print(
-        "| run | target tok/s | non-pad tok/s | padding | step s | peak alloc GiB | peak reserved GiB | "
-        "predicted GiB | model TFLOP/s | MFU | vs base |"
+        "| run | GPUs | target tok/s | non-pad tok/s | padding | step s | peak alloc GiB | peak reserved GiB | "
+        "predicted GiB | model TFLOP/s per GPU | MFU | save s | vs base | scaling |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "step_s" not in r:
-            print(f"| {r['name']} (failed: {r['failed']}) | | | | | | | | | | |")
+            print(f"| {r['name']} (failed: {r['failed']}) | {r['gpus']} | | | | | | | | | | | | |")
             continue
-        tflops = r["tok_s"] * flops / 1e12 / args.gpus
+        tflops = r["tok_s"] * flops / 1e12 / r["gpus"]
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
         pred = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] else ""
+        save = f"{r['save_s']:.2f}" if r["save_s"] is not None else ""
+        scaling = f"{100 * r['scaling']:.1f}%" if r["scaling"] is not None else ""
         name = f"{r['name']} (failed: {r['failed']})" if r["failed"] else r["name"]
         print(
-            f"| {name} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
-            f"{r['step_s']:.2f} | "
-            f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | {mfu} | "
-            f"{r['target_tok_s'] / base['target_tok_s']:.2f}x |"
+            f"| {name} | {r['gpus']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
+            f"{r['step_s']:.2f} | {r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | "
+            f"{mfu} | {save} | {r['vs_base']:.2f}x | {scaling} |"
         )
     (out / "results.json").write_text(
         json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops, "results": results}, indent=1)

@@ -383,6 +383,10 @@ def _activations(
     vocab, hidden = param_shapes[embed_name][0]
     layers = _decoder_layers(param_shapes, text_config, lora, tp)
     window = text_config.get("sliding_window")
+
+    def per_logit(fused: bool) -> int:  # cross-entropy bytes per position and vocabulary entry (see logits_ce)
+        return (4 if text_config.get("final_logit_softcapping") else 0) + (2 + 4 + 4 if fused else 4 + 4 + 4)
+
     # Gemma4Unified's multimodal forward always passes a mask overlay, so transformers never takes the
     # is_causal shortcut: every layer gets a dense mask. Otherwise only sliding layers at >= window tokens.
     dense_masks = (
@@ -438,9 +442,8 @@ def _activations(
         # Compiled chunks with a frozen LM head (lm_loss.LinearCrossEntropy) take the gradient in the forward
         # pass: the BF16 logits, FP32 softcapped logits and log-probabilities, the FP32 gradient (measured 14.0
         # bytes per logit against 16.1 eager: bench_results/issue24/saved_bytes.py).
-        "logits_ce": ce_tokens
-        * vocab
-        * ((4 if text_config.get("final_logit_softcapping") else 0) + (2 + 4 + 4 if fused_loss else 4 + 4 + 4)),
+        "logits_ce": ce_tokens * vocab * per_logit(fused_loss),
+        "logits_ce_all_at_once": tokens * vocab * per_logit(False),  # CE_CHUNK_TOKENS=0: SPEC's 6-9 GB at 2,048
         # One layer's backward in flight: hidden-state gradients in and out (BF16) and two FP32 gradients
         # as wide as the MLP (down_proj's LoRA input, before and after dropout).
         "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(layer["inter"] for layer in layers)),
@@ -631,6 +634,7 @@ def estimate(
         "activation_terms": activations["terms"],
         "layer_saved_bytes": activations["layers"],
         "logits_ce_bytes": activations["logits_ce"],
+        "logits_ce_all_at_once_bytes": activations["logits_ce_all_at_once"],
         "peak_phase": peak_phase,
         "peak_breakdown": breakdown,
         "peak_bytes": peak,
@@ -824,7 +828,17 @@ def format_report(result: dict) -> str:
     out.append("  for reference:")
     out.append(row("activations with checkpointing (one layer in flight)", result["activations_ckpt_bytes"]))
     out.append(row("activations without checkpointing", result["activations_no_ckpt_bytes"]))
-    out.append(row(f"logits + cross-entropy buffers (FP32, vocab {p['vocab']:,})", result["logits_ce_bytes"]))
+    out.append(
+        row(
+            "logits + CE buffers unchunked (CE_CHUNK_TOKENS=0)",
+            result["logits_ce_all_at_once_bytes"],
+        )
+        + (
+            f"  (chunks of {s['ce_chunk_tokens']}: {result['logits_ce_bytes'] / GB:.2f} GB)"
+            if s["ce_chunk_tokens"]
+            else ""
+        )
+    )
     out.append(row("full fine-tuning state, 16 B/param, before activations", result["full_finetune_bytes"]))
     out.append(f"\nStrategy: {result['strategy']}: {result['strategy_reason']}.")
     out.append(

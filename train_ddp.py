@@ -74,8 +74,9 @@ class Config:
     LORA_R: int = 16
     LORA_ALPHA: int = 32
     LORA_DROPOUT: float = 0.05
-    # A regex PEFT full-matches against module names: the text decoder's q/k/v/o and MLP projections
-    LORA_TARGETS: str = memory_budget.DEFAULT_TARGETS
+    # A regex PEFT full-matches against module names: the text decoder's q/k/v/o and MLP projections (the
+    # vision and audio towers' Linear layers never run on text rows: DDP would wait for their gradients)
+    LORA_TARGETS: str = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
     GRADIENT_CHECKPOINTING: int = 1  # checkpoint every Nth decoder layer: 1 all, 2 half, 0 none
     CHECKPOINT_OFFLOAD: bool = False  # keep checkpointed layer inputs in pinned host memory
     OPTIMIZER_OFFLOAD: bool = False  # keep AdamW's moments in pinned host memory between optimizer steps
@@ -284,7 +285,7 @@ def add_lora(model, cfg: Config):
     if not_linear := [n for n in matched if n not in linear]:  # PEFT would refuse them, printing the whole model
         raise InputError(
             f"LORA_TARGETS {cfg.LORA_TARGETS!r} also matches {len(not_linear)} modules that are not Linear layers "
-            f"({', '.join(not_linear[:3])}, ...): LoRA goes on Linear layers, e.g. {memory_budget.DEFAULT_TARGETS!r}"
+            f"({', '.join(not_linear[:3])}, ...): LoRA goes on Linear layers, e.g. {Config.LORA_TARGETS!r}"
         )
     lora = LoraConfig(
         r=cfg.LORA_R,
@@ -790,7 +791,7 @@ def main() -> None:
                 if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
                     save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
-                    say(f"checkpoint step {step} saved in {time.perf_counter() - t_save:.2f}s")
+                    log.saved(step, "checkpoint", time.perf_counter() - t_save)
         log.close()
         if progress["updates"] == 0:  # the same on every rank: the decisions were all-reduced (and checkpointed)
             why = "; ".join(dict.fromkeys(log.skipped.values())) or "in earlier attempts"
@@ -809,7 +810,9 @@ def main() -> None:
         if stopping:  # preempted in the last step or an evaluation: the adapter is saved within torchrun's 30 s
             stop.at_boundary.set()
         checksum = guards.check_replicas_identical(model.module, progress["step"])
+        t_save = time.perf_counter()
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
+        log.saved(progress["step"], "adapter", time.perf_counter() - t_save)
         say(
             f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} | "
             f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it

@@ -1,6 +1,7 @@
 """bench.py's launcher: a run that saved its adapter but never exits is named, ended with its children and
 counted as a failure; a run that exits is not."""
 
+import argparse
 import math
 import re
 import sys
@@ -50,3 +51,23 @@ def test_attention_flops_count_each_token_inside_its_own_conversation():
     both = bench.train_flops_per_token(config, [512, 1536])  # one packed row of two conversations
     assert both == pytest.approx((512 * flops[512] + 1536 * flops[1536]) / 2048)  # each token in its own
     assert both < flops[2048]  # fewer keys than one conversation of 2,048
+
+
+def test_scaling_is_each_runs_tokens_per_s_over_gpus_times_its_own_at_one_gpu():
+    results = [
+        {"name": "plain", "gpus": 1, "step_s": 1.0, "target_tok_s": 1000.0},
+        {"name": "plain", "gpus": 4, "step_s": 1.0, "target_tok_s": 2800.0},  # SPEC's example: 70%
+        {"name": "fast", "gpus": 1, "step_s": 1.0, "target_tok_s": 3000.0},
+        {"name": "fast", "gpus": 4, "failed": "OOM"},
+        {"name": "odd", "gpus": 4, "step_s": 1.0, "target_tok_s": 1400.0},  # never measured on 1 GPU
+    ]
+    bench.compare(results)
+    assert [r.get("scaling") for r in results] == [1.0, 0.7, 1.0, None, None]
+    assert [r.get("vs_base") for r in results] == [1.0, 1.0, 3.0, None, 0.5]  # against the first run at its count
+
+
+def test_gpu_counts_are_a_list_of_positive_counts():
+    assert bench.gpu_counts("1,2,2,4") == [1, 2, 4]
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="GPU counts >= 1"):
+            bench.gpu_counts(bad)

@@ -216,6 +216,8 @@ def test_reference_run_keeps_only_the_last_checkpoints(reference):
     names = sorted(p.name for p in (reference / "checkpoints").iterdir())
     assert names == ["step-00000004", "step-00000006"]  # KEEP_CHECKPOINTS=2, no .tmp-/.old- leftovers
     assert [r["step"] for r in metrics(reference) if "loss" in r] == list(range(1, TOTAL_STEPS + 1))
+    saves = [(r["step"], r["saved"]) for r in metrics(reference) if r.get("save_s", 0) > 0]  # time spent saving
+    assert saves[-1] == (TOTAL_STEPS, "adapter") and {(4, "checkpoint"), (6, "checkpoint")} <= set(saves), saves
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -162,3 +162,13 @@ MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 def test_an_impossible_launch_environment_is_named_before_anything_waits(env, problem):
     with pytest.raises(InputError, match=problem):
         settings.launch_ranks(env)
+
+
+def test_every_constant_is_in_the_reference_with_its_default():
+    """docs/reference.md is where the README sends users for the constants: none missing, no default stale."""
+    text = "\n".join(ln for ln in (T.HERE / "docs" / "reference.md").read_text().splitlines() if ln.startswith("| `"))
+    for field in dataclasses.fields(T.Config):
+        shown = re.search(rf"`{field.name}(=[^`]*)?`", text)
+        assert shown, f"{field.name} is not in docs/reference.md"
+        if isinstance(field.default, (bool, int, float)):  # paths and patterns: described, not spelled out
+            assert shown[1] and float(shown[1][1:]) == float(field.default), (field.name, shown[0])
