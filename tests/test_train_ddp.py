@@ -75,6 +75,21 @@ def test_every_rank_runs_the_same_number_of_steps(n_samples, world):
     assert steps == {T.steps_per_epoch(n_samples, world, cfg)}
 
 
+def test_every_epoch_deals_the_rows_in_a_new_order():
+    """train_loader sets the sampler's epoch: without it every epoch would repeat epoch 0's order on every rank
+    (the same micro-batches, the same optimizer steps), while each epoch still deals every row once."""
+    cfg = cpu_config(MICRO_BATCH=2, ACCUM_STEPS=2, NUM_WORKERS=0, GROUP_BY_LENGTH=False)
+    dataset, world = Indices(32), 2
+    by_epoch = [
+        [[i for b in T.train_loader(dataset, cfg, rank, world, epoch, 0, None) for i in b.tolist()] for rank in (0, 1)]
+        for epoch in (0, 1)
+    ]
+    for shards in by_epoch:  # every row once per epoch, over the ranks
+        assert sorted(shards[0] + shards[1]) == list(range(32))
+    for rank in (0, 1):
+        assert by_epoch[0][rank] != by_epoch[1][rank], f"rank {rank} sees epoch 0's order again in epoch 1"
+
+
 # ---------------------------------------------------------------- model
 def test_the_vision_and_audio_embedders_are_left_out_as_memory_budget_counts(tiny_lora_model, tiny_model_path):
     """Text rows never run them: load_model drops them, and memory_budget's weights are the ones kept (the
@@ -260,6 +275,34 @@ def test_gradients_equal_single_process_on_global_batch_with_one_allreduce_per_s
     # no_sync micro-batch, one bucketed pass (over the whole gradient) on the last micro-batch.
     assert result["allreduced_elements"] == result["trainable_elements"]
     assert result["allreduce_calls"] >= 1
+    # optimizer_step clips after the all-reduce: the norm it returns is the single process's over the global batch
+    # (the worker also checks AdamW stepped with that process's gradient scaled to GRAD_CLIP)
+    assert result["reference_grad_norm"] > 10 * result["grad_clip"]  # a real clip
+    assert result["grad_norm"] == pytest.approx(result["reference_grad_norm"], rel=1e-4)
+    assert result["clipped_norm"] == pytest.approx(result["grad_clip"], rel=1e-4)
+    # the worker's DDP is train_ddp.wrap_ddp's: gradients are views into the all-reduced buckets (no second copy
+    # of them), and Gemma's constant buffers are not re-broadcast every forward
+    assert result["grads_are_bucket_views"], "gradients copied beside DDP's buckets (gradient_as_bucket_view off?)"
+    assert not result["buffers_synced_in_forward"], "DDP broadcasts the buffers every forward (broadcast_buffers on?)"
+
+
+def test_each_rank_draws_its_own_dropout_masks_in_every_step(tmp_path):
+    """A real job (train_ddp.main, recorded by tests/ddp_worker.py) whose 2 ranks train on the same row each
+    step: the adapters were made under one seed on every rank, but each step's dropout masks must differ between
+    the ranks (else the world's batch gets one mask, as if it were one rank's) and between the steps."""
+    row = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello there!"}]}
+    env = {"DATA_PATH": str(write_rows(tmp_path / "same.jsonl", [row] * 4)), "LORA_DROPOUT": "0.5", "MAX_LEN": "64"}
+    env.update(EPOCHS="1", MICRO_BATCH="1", ACCUM_STEPS="1", NUM_WORKERS="0", GRADIENT_CHECKPOINTING="0")
+    run = torchrun(ROOT / "tests" / "ddp_worker.py", "dropout_masks", tmp_path, nproc=2, env=env)
+    assert run.returncode == 0, run.output[-4000:]
+    rank0, rank1 = (json.loads((tmp_path / f"masks_rank{r}.json").read_text()) for r in (0, 1))
+    assert len(rank0) == len(rank1) == 2 and len(rank0[0]) == len(rank1[0]) == len(rank0[1]) > 0
+    for step in (0, 1):  # the same inputs on both ranks: only the masks' random draws can differ
+        same = sum(a == b for a, b in zip(rank0[step], rank1[step], strict=True))
+        assert same == 0, f"step {step + 1}: {same} of {len(rank0[step])} LoRA dropouts drew rank 0's mask on rank 1"
+    for rank, (step1, step2) in enumerate((rank0, rank1)):  # and every step new masks
+        again = sum(a == b for a, b in zip(step1, step2, strict=True))
+        assert again == 0, f"rank {rank}: {again} of {len(step1)} LoRA dropouts drew step 1's mask again in step 2"
 
 
 def test_only_rank0_writes_and_reloaded_adapter_reproduces_logits(tmp_path):
