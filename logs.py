@@ -133,10 +133,9 @@ class StepLog:
             say(f"eval | {when} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
 
     def saved(self, step: int, what: str, seconds: float) -> None:
-        """The time a save took (a checkpoint or the adapter): in metrics.jsonl as "save_s", and said."""
+        """The time a save took (a checkpoint or the adapter), in metrics.jsonl as "save_s"."""
         if self.rank0:
             self.write({"step": step, "saved": what, "save_s": seconds})
-        say(f"{what} at step {step} saved in {seconds:.2f} s")
 
     def write(self, record: dict) -> None:
         """One JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""

@@ -791,7 +791,8 @@ def main() -> None:
                 if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
                     save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
-                    log.saved(step, "checkpoint", time.perf_counter() - t_save)
+                    log.saved(step, "checkpoint", seconds := time.perf_counter() - t_save)
+                    say(f"checkpoint step {step} saved in {seconds:.2f}s")
         log.close()
         if progress["updates"] == 0:  # the same on every rank: the decisions were all-reduced (and checkpointed)
             why = "; ".join(dict.fromkeys(log.skipped.values())) or "in earlier attempts"
@@ -812,9 +813,9 @@ def main() -> None:
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         t_save = time.perf_counter()
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
-        log.saved(progress["step"], "adapter", time.perf_counter() - t_save)
+        log.saved(progress["step"], "adapter", seconds := time.perf_counter() - t_save)
         say(
-            f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} | "
+            f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} in {seconds:.2f}s | "
             f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it
         )
         say(where_everything_is(cfg.OUTPUT_DIR, path, cfg.MODEL_ID))

@@ -192,6 +192,9 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     since_launch = float(re.search(r"\| ([\d.]+) s since launch", run.output)[1])
     assert 2.0 < since_launch < time.monotonic() - launched
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    saves = [(r["step"], r["saved"]) for r in records if "saved" in r]
+    assert saves == [(4, "checkpoint"), (4, "adapter")], saves  # the epoch's end, then the adapter: each timed
+    records = [r for r in records if "saved" not in r]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # (37 // 2 ranks // 2 micro) // 2 accum, as at any RANKS
     assert records[0]["lr"] > 0  # warmup's first step trains
     assert "FutureWarning" not in run.output and run.output.count("Loading weights: 100%") == 1  # rank 0's bar only
