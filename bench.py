@@ -5,10 +5,11 @@
 Each run launches `torchrun --nproc_per_node=GPUS train_ddp.py` (the real script, not a copy) on a
 model built from --config with random weights, over synthetic conversations truncated to exactly
 --seq-len tokens (no padding, every position a target), and reads its metrics.jsonl. Steps 2..N are
-the steady window (step 1 holds warm-up: allocator growth, kernel selection). The first run is the
-baseline of the "vs base" column; every run uses the same --samples per GPU per step. With several --gpus,
-each run is measured at each count, alone, and "scaling" is SPEC's efficiency: target tokens/s at N GPUs
-over N x its tokens/s at 1 GPU. "save s" is the adapter's save (metrics.jsonl's save_s).
+the steady window (step 1 holds warm-up: allocator growth, kernel selection). The first name of --runs is
+the baseline of the "vs base" column, at each GPU count; every run uses the same --samples per GPU per step.
+With several --gpus (1 among them), each run is measured at each count, alone, and "scaling" is SPEC's
+efficiency: target tokens/s at N > 1 GPUs over N x the same run's at 1 GPU. "save s" is the adapter's save
+(metrics.jsonl's save_s). A failed run is the baseline of nothing.
 
 FLOPs per token (model FLOPs, recomputation not counted):
   4 x (decoder Linear params + LM head)  forward 2P + backward input-gradients 2P; frozen weights
@@ -211,19 +212,20 @@ def gpu_counts(text: str) -> list[int]:
 
 
 def compare(results: list[dict]) -> None:
-    """Adds "vs_base" (target tokens/s over the first measured run's at the same GPU count) and "scaling"
-    (over N x the same run's at 1 GPU) to each measured result."""
-    measured = [r for r in results if "step_s" in r]
-    for r in measured:
-        base = next(b for b in measured if b["gpus"] == r["gpus"])
-        one = next((b for b in measured if b["name"] == r["name"] and b["gpus"] == 1), None)
-        r["vs_base"] = r["target_tok_s"] / base["target_tok_s"]
-        r["scaling"] = r["target_tok_s"] / (r["gpus"] * one["target_tok_s"]) if one else None
+    """Adds to each measured result "vs_base" (its target tokens/s over the first run name's at the same GPU
+    count) and, at N > 1 GPUs, "scaling" (over N x the same run's at 1 GPU); None where that reference failed."""
+    good = {(r["name"], r["gpus"]): r["target_tok_s"] for r in results if "step_s" in r and not r["failed"]}
+    first = results[0]["name"]
+    for r in results:
+        if "step_s" in r:
+            base, one = good.get((first, r["gpus"])), good.get((r["name"], 1))
+            r["vs_base"] = r["target_tok_s"] / base if base else None
+            r["scaling"] = r["target_tok_s"] / (r["gpus"] * one) if one and r["gpus"] > 1 else None
 
 
 def run_names(text: str) -> str:
     """--runs: comma-separated names from RUNS (checked), in order."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))  # one folder per run
     unknown = [n for n in names if n not in RUNS]
     if unknown or not names:
         said = (
@@ -296,13 +298,16 @@ def main() -> None:
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
         pred = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] else ""
         save = f"{r['save_s']:.2f}" if r["save_s"] is not None else ""
+        vs_base = f"{r['vs_base']:.2f}x" if r["vs_base"] is not None else ""
         scaling = f"{100 * r['scaling']:.1f}%" if r["scaling"] is not None else ""
         name = f"{r['name']} (failed: {r['failed']})" if r["failed"] else r["name"]
         print(
             f"| {name} | {r['gpus']} | {r['target_tok_s']:,.0f} | {r['tok_s']:,.0f} | {100 * r['padding']:.1f}% | "
             f"{r['step_s']:.2f} | {r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {pred} | {tflops:.0f} | "
-            f"{mfu} | {save} | {r['vs_base']:.2f}x | {scaling} |"
+            f"{mfu} | {save} | {vs_base} | {scaling} |"
         )
+    if max(args.gpus) > 1 and 1 not in args.gpus:
+        print("scaling: needs each run at 1 GPU too (--gpus 1,...)")
     (out / "results.json").write_text(
         json.dumps({"args": vars(args), "gpu": gpu, "flops_per_token": flops, "results": results}, indent=1)
     )

@@ -132,10 +132,13 @@ class StepLog:
         else:
             say(f"eval | {when} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f}")
 
-    def saved(self, step: int, what: str, seconds: float) -> None:
-        """The time a save took (a checkpoint or the adapter), in metrics.jsonl as "save_s"."""
+    def saved(self, step: int, what: str, since: float) -> float:
+        """A save (a checkpoint or the adapter) that started at time.perf_counter() `since` has ended: its seconds,
+        also in metrics.jsonl as "save_s" (SPEC: time spent saving)."""
+        seconds = time.perf_counter() - since
         if self.rank0:
             self.write({"step": step, "saved": what, "save_s": seconds})
+        return seconds
 
     def write(self, record: dict) -> None:
         """One JSON line in metrics.jsonl, and the numbers to TensorBoard when it is installed."""
@@ -153,7 +156,8 @@ class StepLog:
         if writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    writer.add_scalar(key, value, record["step"])
+                    tag = f"{key}/{record['saved']}" if "saved" in record else key  # the last step saves twice
+                    writer.add_scalar(tag, value, record["step"])
             writer.flush()
 
     def close(self) -> None:

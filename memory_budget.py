@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GB, GiB = 1e9, 2**30
-# train_ddp.py's LORA_TARGETS, spelled once: the text decoder's linear layers. PEFT full-matches it against
+# train_ddp.py's default LORA_TARGETS (tests/test_memory_budget.py keeps them equal): the text decoder's linear
+# layers. PEFT full-matches it against
 # module names. In a model that keeps the vision/audio embedders, "all-linear" would also hit them, which a text
 # batch never uses: a DDP error at step 2 (repro/02); train_ddp.load_model leaves them out.
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -443,7 +444,7 @@ def _activations(
         # pass: the BF16 logits, FP32 softcapped logits and log-probabilities, the FP32 gradient (measured 14.0
         # bytes per logit against 16.1 eager: bench_results/issue24/saved_bytes.py).
         "logits_ce": ce_tokens * vocab * per_logit(fused_loss),
-        "logits_ce_all_at_once": tokens * vocab * per_logit(False),  # CE_CHUNK_TOKENS=0: SPEC's 6-9 GB at 2,048
+        "logits_ce_unchunked": tokens * vocab * per_logit(False),  # CE_CHUNK_TOKENS=0: SPEC's 6-9 GB at 2,048
         # One layer's backward in flight: hidden-state gradients in and out (BF16) and two FP32 gradients
         # as wide as the MLP (down_proj's LoRA input, before and after dropout).
         "transient": tokens * (2 * 2 * hidden + 2 * 4 * max(layer["inter"] for layer in layers)),
@@ -634,7 +635,7 @@ def estimate(
         "activation_terms": activations["terms"],
         "layer_saved_bytes": activations["layers"],
         "logits_ce_bytes": activations["logits_ce"],
-        "logits_ce_all_at_once_bytes": activations["logits_ce_all_at_once"],
+        "logits_ce_unchunked_bytes": activations["logits_ce_unchunked"],
         "peak_phase": peak_phase,
         "peak_breakdown": breakdown,
         "peak_bytes": peak,
@@ -831,10 +832,11 @@ def format_report(result: dict) -> str:
     out.append(
         row(
             "logits + CE buffers unchunked (CE_CHUNK_TOKENS=0)",
-            result["logits_ce_all_at_once_bytes"],
+            result["logits_ce_unchunked_bytes"],
         )
         + (
-            f"  (chunks of {s['ce_chunk_tokens']}: {result['logits_ce_bytes'] / GB:.2f} GB)"
+            f"  (chunks of {s['ce_chunk_tokens']}: {result['logits_ce_bytes'] / GB:.2f} GB, "
+            f"{result['logits_ce_bytes'] / GiB:.2f} GiB)"
             if s["ce_chunk_tokens"]
             else ""
         )

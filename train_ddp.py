@@ -782,16 +782,18 @@ def main() -> None:
                         log.eval(step, metrics)
                 if stopping and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
                     stop.at_boundary.set()
+                    t_save = time.perf_counter()
                     path = save_checkpoint(
                         model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS
                     )
+                    log.saved(step, "checkpoint", since=t_save)
                     again = "the same command" if cfg.RESUME == "auto" else f"RESUME=auto (or RESUME={path})"
                     say(f"stopped by {stop.by} after step {step}: {path} saved; {again} resumes")
                     return
                 if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
                     t_save = time.perf_counter()
                     save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
-                    log.saved(step, "checkpoint", seconds := time.perf_counter() - t_save)
+                    seconds = log.saved(step, "checkpoint", since=t_save)
                     say(f"checkpoint step {step} saved in {seconds:.2f}s")
         log.close()
         if progress["updates"] == 0:  # the same on every rank: the decisions were all-reduced (and checkpointed)
@@ -813,7 +815,7 @@ def main() -> None:
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         t_save = time.perf_counter()
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
-        log.saved(progress["step"], "adapter", seconds := time.perf_counter() - t_save)
+        seconds = log.saved(progress["step"], "adapter", since=t_save)
         say(
             f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} in {seconds:.2f}s | "
             f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it

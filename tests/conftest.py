@@ -43,9 +43,9 @@ class Launch:
     returncode: int
     output: str  # stdout and stderr of every rank, interleaved
 
-    def errors(self) -> dict[int, str]:
-        """The message of each rank's `[rank N] error: ...` line, by rank (a rank torchrun stopped first has none)."""
-        return {int(m[1]): m[2] for m in re.finditer(r"^\[rank (\d+)\] error: (.*)$", self.output, re.M)}
+    def errors(self) -> list[tuple[int, str]]:
+        """Every `[rank N] error: ...` line as (N, its message) (a rank torchrun stopped first has none)."""
+        return [(int(m[1]), m[2]) for m in re.finditer(r"^\[rank (\d+)\] error: (.*)$", self.output, re.M)]
 
 
 def free_port() -> int:

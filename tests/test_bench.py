@@ -54,16 +54,25 @@ def test_attention_flops_count_each_token_inside_its_own_conversation():
 
 
 def test_scaling_is_each_runs_tokens_per_s_over_gpus_times_its_own_at_one_gpu():
+    def run(name, gpus, tok_s=None, failed=None):
+        return {
+            "name": name,
+            "gpus": gpus,
+            "failed": failed,
+            **({"step_s": 1.0, "target_tok_s": tok_s} if tok_s else {}),
+        }
+
     results = [
-        {"name": "plain", "gpus": 1, "step_s": 1.0, "target_tok_s": 1000.0},
-        {"name": "plain", "gpus": 4, "step_s": 1.0, "target_tok_s": 2800.0},  # SPEC's example: 70%
-        {"name": "fast", "gpus": 1, "step_s": 1.0, "target_tok_s": 3000.0},
-        {"name": "fast", "gpus": 4, "failed": "OOM"},
-        {"name": "odd", "gpus": 4, "step_s": 1.0, "target_tok_s": 1400.0},  # never measured on 1 GPU
+        run("plain", 1, 1000.0),
+        run("plain", 4, 2800.0),  # SPEC's example: 70%
+        run("fast", 1, 3000.0),
+        run("fast", 4, failed="OOM"),
+        run("odd", 2, 1400.0, failed="exit 1"),  # measured steps, then failed: nobody's reference
+        run("odd", 4, 1400.0),  # its 1-GPU reference: none
     ]
     bench.compare(results)
-    assert [r.get("scaling") for r in results] == [1.0, 0.7, 1.0, None, None]
-    assert [r.get("vs_base") for r in results] == [1.0, 1.0, 3.0, None, 0.5]  # against the first run at its count
+    assert [r.get("scaling") for r in results] == [None, 0.7, None, None, None, None]  # N > 1 only
+    assert [r.get("vs_base") for r in results] == [1.0, 1.0, 3.0, None, None, 0.5]  # over the first name's, per N
 
 
 def test_gpu_counts_are_a_list_of_positive_counts():

@@ -18,10 +18,12 @@ def test_metrics_also_reach_tensorboard_when_it_is_installed(tmp_path):
     log = logs.StepLog(str(tmp_path), 1, 2, 0, torch.device("cpu"), predict_peak_gib=None)
     log.write({"step": 1, "loss": 2.5, "skipped": False, "lr": 1e-4})
     log.write({"step": 2, "loss": 2.25, "skipped": False, "lr": 2e-4})
+    for what in ("checkpoint", "adapter"):  # the last step saves twice: one curve each
+        log.saved(2, what, since=time.perf_counter())
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
-    assert sorted(events.Tags()["scalars"]) == ["loss", "lr"]  # numbers only, "skipped" is a flag
+    assert sorted(events.Tags()["scalars"]) == ["loss", "lr", "save_s/adapter", "save_s/checkpoint"]  # numbers only
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
 
 
 def test_a_metrics_line_the_disk_cannot_hold_is_not_left_half_written(tmp_path):
