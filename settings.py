@@ -227,7 +227,7 @@ def check_model_source(model_id: str, model_config: str) -> None:
     if constants.HF_HUB_OFFLINE:
         raise InputError(
             f"MODEL_ID {model_id!r}: not in the local hub cache, and HF_HUB_OFFLINE is set: download "
-            f"it first (huggingface-cli download {model_id}) or point MODEL_ID to a local folder"
+            f"it first (hf download {model_id}) or point MODEL_ID to a local folder"
         )
     try:  # one quick question to the hub, instead of transformers' retries on an unreachable one
         HfApi().model_info(model_id, timeout=10)

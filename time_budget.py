@@ -311,9 +311,10 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     device = T.rank_device(0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run, _ = T.plan(*settings.read(T.Config, T.ALLOWED), 1, device)
-    settings.check_model_source(run.MODEL_ID, run.MODEL_CONFIG)  # the trainer's own checks, before anything loads
-    settings.check_pattern("LORA_TARGETS", run.LORA_TARGETS)
+    cfg, sources = settings.read(T.Config, T.ALLOWED)
+    settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)  # the trainer's own checks, in its order: before
+    settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)  # the planner reads the model (MEMORY_TARGET_GIB)
+    run, _ = T.plan(cfg, sources, 1, device)
     tokenizer = chat_tokenizer(run.MODEL_ID)  # first: the data must not spell its control tokens
     special = control_tokens(tokenizer)
     conversations = load_conversations(run.DATA_PATH, special)

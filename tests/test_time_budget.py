@@ -239,6 +239,17 @@ def test_bad_input_is_one_line_as_the_trainer_says_it(monkeypatch, tmp_path, sam
     assert re.search(r"^error: .*" + message, str(stop.value)), stop.value
 
 
+def test_a_missing_model_is_named_before_the_planner_would_read_it(monkeypatch, tmp_path, sample_data_path):
+    """MEMORY_TARGET_GIB makes the planner read the model: a wrong MODEL_ID is the trainer's one line first."""
+    monkeypatch.setenv("DATA_PATH", str(sample_data_path))
+    monkeypatch.setenv("MODEL_ID", str(tmp_path / "no-such-model"))
+    monkeypatch.setenv("MEMORY_TARGET_GIB", "130")
+    monkeypatch.setattr(TB, "measure", lambda *a: pytest.fail("measured with bad input"))
+    with pytest.raises(SystemExit) as stop:
+        TB.main(["--gpus-per-node", "1"])
+    assert re.match(r"error: MODEL_ID '\S+no-such-model': no such folder", str(stop.value)), stop.value
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
