@@ -780,20 +780,20 @@ def main() -> None:
                         say(f"evaluation at step {step} skipped: stopped by {stop.by}")
                     else:
                         log.eval(step, metrics)
-                if stopping and step < total_steps:  # preempted: every rank learnt it in the same all-reduce
-                    stop.at_boundary.set()
+                preempted = stopping and step < total_steps  # every rank learnt it in the same all-reduce
+                periodic = cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps
+                if preempted or periodic or progress["epoch"] > epoch:
+                    if preempted:
+                        stop.at_boundary.set()  # the save is not cut short by the 25 s timer
                     t_save = time.perf_counter()
                     path = save_checkpoint(
                         model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS
                     )
-                    log.saved(step, "checkpoint", since=t_save)
-                    again = "the same command" if cfg.RESUME == "auto" else f"RESUME=auto (or RESUME={path})"
-                    say(f"stopped by {stop.by} after step {step}: {path} saved; {again} resumes")
-                    return
-                if progress["epoch"] > epoch or (cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps):
-                    t_save = time.perf_counter()
-                    save_checkpoint(model, optimizer, dict(progress), run_config, cfg.OUTPUT_DIR, cfg.KEEP_CHECKPOINTS)
                     seconds = log.saved(step, "checkpoint", since=t_save)
+                    if preempted:
+                        again = "the same command" if cfg.RESUME == "auto" else f"RESUME=auto (or RESUME={path})"
+                        say(f"stopped by {stop.by} after step {step}: {path} saved; {again} resumes")
+                        return
                     say(f"checkpoint step {step} saved in {seconds:.2f}s")
         log.close()
         if progress["updates"] == 0:  # the same on every rank: the decisions were all-reduced (and checkpointed)
