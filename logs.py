@@ -24,11 +24,12 @@ def is_rank0() -> bool:
 
 
 def say(msg: str) -> None:
-    """Print on rank 0 only."""
+    """Print on rank 0 only, the line and its newline in one write: the ranks share torchrun's pipe, and a
+    peer's line written between the two would land mid-line (guards.to_stderr)."""
     if is_rank0():
         from tqdm import tqdm
 
-        tqdm.write(msg, file=sys.stdout)
+        tqdm.write(msg + "\n", file=sys.stdout, end="")
         sys.stdout.flush()
 
 

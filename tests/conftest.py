@@ -119,6 +119,23 @@ def usage_error(main, argv: list, capsys) -> str:
     return err
 
 
+def writes_to(monkeypatch, stream: str) -> list[str]:
+    """Replace sys.<stream> with a recorder: the list fills with each non-empty write() call's text, so a
+    test can tell one write of a line from its text and newline written apart."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            if text:
+                writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, stream, Recorder())
+    return writes
+
+
 def nonzero_lora_b(model):
     """PEFT starts every LoRA B at zero, which leaves A without a gradient: random B (seeded, the same on every
     rank) so that every adapter weight gets one. Returns the model."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive, wait_until
+from conftest import alive, wait_until, writes_to
 
 import guards
 
@@ -60,16 +60,7 @@ def test_workers_die_with_their_rank():
 def test_a_report_reaches_stderr_in_one_write_with_its_newline(monkeypatch):
     """Ranks share torchrun's pipe: a line written in two parts (print's text, then its newline) lets a peer's
     line land in between (seen in CI: "...NAN_POLICY=stop[rank 1] error: ...")."""
-    writes = []
-
-    class Recorder:
-        def write(self, text):
-            writes.append(text)
-
-        def flush(self):
-            pass
-
-    monkeypatch.setattr(sys, "stderr", Recorder())
+    writes = writes_to(monkeypatch, "stderr")
     guards.to_stderr("[rank 0] error: non-finite loss")
     assert writes == ["[rank 0] error: non-finite loss\n"]
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from conftest import writes_to
 
 import logs
 
@@ -87,6 +88,15 @@ def test_only_rank_0_prints(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     logs.say("from rank 0")
     assert capsys.readouterr().out == "from rank 0\n"
+
+
+def test_a_line_reaches_stdout_in_one_write_with_its_newline(monkeypatch):
+    """Seen in CI: rank 1's error line landed between rank 0's step line and its newline, so it did not
+    start a line."""
+    monkeypatch.setenv("RANK", "0")
+    writes = writes_to(monkeypatch, "stdout")
+    logs.say("step 6 | loss nan")
+    assert writes == ["step 6 | loss nan\n"]
 
 
 def test_packed_steps_log_their_fill(tmp_path):
