@@ -302,23 +302,16 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     """Measure on this machine's first device, model every configuration of `args`, print the tables."""
     import torch
 
-    import settings
     import train_ddp as T
-    from chat_data import ChatDataset, chat_tokenizer, control_tokens, load_conversations, tokenize_conversation
+    from chat_data import ChatDataset, tokenize_conversation
     from packing import rows_of_epoch
 
     T.rank_info()  # rank 0 of 1: the measurement runs on one device
     device = T.rank_device(0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    cfg, sources = settings.read(T.Config, T.ALLOWED)
-    settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)  # the trainer's own checks, in its order: before
-    settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)  # the planner reads the model (MEMORY_TARGET_GIB)
-    run, _ = T.plan(cfg, sources, 1, device)
-    tokenizer = chat_tokenizer(run.MODEL_ID)  # first: the data must not spell its control tokens
-    special = control_tokens(tokenizer)
-    conversations = load_conversations(run.DATA_PATH, special)
-    eval_conversations = load_conversations(run.EVAL_PATH, special) if run.EVAL_PATH else []
+    run, _ = T.plan(*T.checked_settings(), 1, device)  # the trainer's own start, checks first
+    tokenizer, conversations, eval_conversations = T.read_conversations(run)
 
     def fillable(samples: int) -> tuple[list, dict]:
         """(nodes, GPUs per node) the data fill an optimizer step of, by the trainer's rule; the others, said."""

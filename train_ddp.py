@@ -153,6 +153,17 @@ ALLOWED = {
 MAY_DIFFER_BY_RANK = ("MODEL_ID", "MODEL_CONFIG", "DATA_PATH", "EVAL_PATH", "OUTPUT_DIR", "RESUME", "NUM_WORKERS")
 
 
+def checked_settings() -> tuple[Config, dict]:
+    """The constants as this process's environment sets them (settings.read), misspellings and ignored ones
+    said, the model and the adapter regex checked: each a clear error before anything reads the model."""
+    cfg, sources = settings.read(Config, ALLOWED)
+    for warning in settings.misspelled(sources) + settings.ignored(cfg):
+        say(warning)
+    settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)
+    settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)
+    return cfg, sources
+
+
 def plan(cfg: Config, sources: dict, world: int, device: torch.device) -> tuple[Config, dict]:
     """The planner: ATTENTION_KERNEL=auto becomes the kernel this machine runs; MEMORY_TARGET_GIB lets
     memory_budget.py choose the layout constants. Same result on every rank; shown as "planner"."""
@@ -389,6 +400,14 @@ def settle_buckets(model: DDP, batch: dict, device: torch.device) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # Data: each rank its own shard of every epoch (DistributedSampler), the same number of steps on every rank
+def read_conversations(cfg: Config) -> tuple:
+    """(the tokenizer, DATA_PATH's conversations, EVAL_PATH's or []), each row checked (chat_data)."""
+    tokenizer = chat_tokenizer(cfg.MODEL_ID)  # first: the data must not spell its control tokens
+    special = control_tokens(tokenizer)
+    conversations = load_conversations(cfg.DATA_PATH, special)
+    return tokenizer, conversations, load_conversations(cfg.EVAL_PATH, special) if cfg.EVAL_PATH else []
+
+
 def epoch_data(dataset: ChatDataset, cfg: Config, epoch: int) -> Dataset:
     """What `epoch` iterates: the conversations, or with PACKING their packed rows (the same on every rank)."""
     if not cfg.PACKING:
@@ -653,18 +672,11 @@ def main() -> None:
 
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
-    cfg, sources = settings.read(Config, ALLOWED)
-    for warning in settings.misspelled(sources) + settings.ignored(cfg):
-        say(warning)
-    settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)
-    settings.check_pattern("LORA_TARGETS", cfg.LORA_TARGETS)
+    cfg, sources = checked_settings()
     settings.check_writable(cfg.OUTPUT_DIR)
     lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     cfg, sources = plan(cfg, sources, world, device)
-    tokenizer = chat_tokenizer(cfg.MODEL_ID)  # first: the data must not spell its control tokens
-    special = control_tokens(tokenizer)
-    conversations = load_conversations(cfg.DATA_PATH, special)
-    eval_conversations = load_conversations(cfg.EVAL_PATH, special) if cfg.EVAL_PATH else None
+    tokenizer, conversations, eval_conversations = read_conversations(cfg)
     if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
         steps_per_epoch(len(conversations), world, cfg)
     identity = run_record.identity(cfg, world)
