@@ -237,8 +237,9 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
         path = Path(resume)
     saved = json.loads((path / "run.json").read_text())
     changes = differences(saved["identity"], current)
-    if saved.get("progress", {}).get("step_in_epoch"):  # mid-epoch: a new shuffle would repeat and skip rows
-        changes = [f"{c} (mid-epoch: cannot change)" if c.startswith("SEED:") else c for c in changes]
+    if saved["progress"].get("step_in_epoch"):  # mid-epoch: the rows left are the rest of the checkpoint's order
+        order = ("SEED", "data_sha256", "GROUP_BY_LENGTH", *(("MAX_LEN",) if run.PACKING else ()))  # rows' order
+        changes = [f"{c} (mid-epoch: cannot change)" if c.split(":")[0] in order else c for c in changes]
     fixed = [c for c in changes if c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)")]
     if fixed or (changes and not run.RESUME_ALLOW_CHANGES):
         allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
@@ -250,6 +251,12 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
         raise InputError(
             f"{path} is at step {step}, past this run's last step ({total_steps}; {'; '.join(changes)}): "
             f"nothing left to train; resume an earlier checkpoint, or start fresh with RESUME=''"
+        )
+    if saved["progress"]["epoch"] >= run.EPOCHS and step < total_steps:  # more steps an epoch: the data changed
+        raise InputError(
+            f"{path} ends the last of EPOCHS={run.EPOCHS} at step {step}, short of this run's {total_steps} steps "
+            f"({'; '.join(changes)}): no epoch left to train them in; more EPOCHS trains on, or start fresh with "
+            f"RESUME=''"
         )
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")

@@ -43,13 +43,15 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     assert other_version == ident[a] and ident[a]["samples_per_rank_step"] == 8
 
 
-def saved_run(folder, identity, step, trainer_state=True):
-    """A folder as train_ddp.py publishes it: a checkpoint, or (without trainer_state.pt) the final adapter."""
+def saved_run(folder, identity, step, trainer_state=True, epoch=0, step_in_epoch=None):
+    """A folder as train_ddp.py publishes it: a checkpoint, or (without trainer_state.pt) the final adapter; by
+    default `step` steps into the first epoch."""
     folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 40)
     if trainer_state:
         (folder / "trainer_state.pt").write_bytes(b"state" * 100)
-    run_record.write_run_json(folder, {"identity": identity}, {"epoch": 0, "step": step, "step_in_epoch": step})
+    in_epoch = step if step_in_epoch is None else step_in_epoch
+    run_record.write_run_json(folder, {"identity": identity}, {"epoch": epoch, "step": step, "step_in_epoch": in_epoch})
     run_record.write_manifest(folder)
     return folder
 
@@ -98,6 +100,38 @@ def test_a_checkpoint_past_the_runs_last_step_is_refused(checkpoint):
     assert run_record.checkpoint_to_resume(run, {"LR": 2e-4}, 2) == checkpoint  # at the last step: the save remains
     with pytest.raises(InputError, match=r"is at step 2, past this run's last step \(1; LR: checkpoint 0.0002, now"):
         run_record.checkpoint_to_resume(run, {"LR": 1e-4}, 1)
+
+
+@pytest.mark.parametrize(
+    "changed, packing, refused",
+    [
+        ({"data_sha256": "b"}, False, True),  # another file's rows under the checkpoint's position
+        ({"GROUP_BY_LENGTH": False}, False, True),  # another order of the same rows
+        ({"MAX_LEN": 1024}, True, True),  # other packed rows
+        ({"MAX_LEN": 1024}, False, False),  # the same rows, cut elsewhere
+        ({"LR": 1e-4}, False, False),
+    ],
+)
+def test_what_orders_the_rows_cannot_change_mid_epoch_and_can_at_an_epoch_end(tmp_path, changed, packing, refused):
+    saved = {"data_sha256": "a", "GROUP_BY_LENGTH": True, "MAX_LEN": 2048, "LR": 2e-4, "SEED": 1}
+    mid, end = (saved_run(tmp_path / f"step-0000000{i}", saved, i, epoch=i // 4, step_in_epoch=i % 4) for i in (2, 4))
+    for path, mid_epoch in ((mid, True), (end, False)):
+        run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(path), RESUME_ALLOW_CHANGES=True, PACKING=packing)
+        if refused and mid_epoch:
+            with pytest.raises(InputError, match=rf"{list(changed)[0]}: checkpoint .* \(mid-epoch: cannot change\)"):
+                run_record.checkpoint_to_resume(run, {**saved, **changed}, 8)
+        else:
+            assert run_record.checkpoint_to_resume(run, {**saved, **changed}, 8) == path
+
+
+def test_a_checkpoint_at_the_end_of_its_last_epoch_is_refused_when_the_data_asks_for_more_steps(tmp_path):
+    last = saved_run(tmp_path / "step-00000004", {"data_sha256": "a"}, 4, epoch=1, step_in_epoch=0)
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(last), RESUME_ALLOW_CHANGES=True, EPOCHS=1)
+    assert run_record.checkpoint_to_resume(run, {"data_sha256": "a"}, 4) == last  # complete: the adapter is saved
+    with pytest.raises(InputError, match=r"step-00000004 ends the last of EPOCHS=1 at step 4, short of this run's 6"):
+        run_record.checkpoint_to_resume(run, {"data_sha256": "b"}, 6)
+    more = dataclasses.replace(run, EPOCHS=2)
+    assert run_record.checkpoint_to_resume(more, {"data_sha256": "b"}, 10) == last  # another epoch: trained on
 
 
 def test_saves_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
