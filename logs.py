@@ -47,12 +47,18 @@ def seconds_since_launch() -> float:
 _IMPORTED = time.perf_counter()
 
 
-def where_everything_is(output_dir: str, adapter: Path, model_id: str) -> str:
+def where_everything_is(output_dir: str, adapter: Path, model_id: str, model_config: str) -> str:
+    """The run's files (checkpoints only if some were saved) and how to load the adapter: on MODEL_ID's weights,
+    unless it was trained on MODEL_CONFIG's random ones."""
     out = Path(output_dir)
+    checkpoints = f"checkpoints: {out / 'checkpoints'}   " if (out / "checkpoints").is_dir() else ""
+    load = (
+        f"load it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({model_id!r}), {str(adapter)!r})"
+        if not model_config
+        else f"trained on random weights built from MODEL_CONFIG={model_config!r}: a benchmark's adapter, no model's"
+    )
     return (
-        f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}   "
-        f"settings: {out / 'config.json'}\nload it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
-        f"{model_id!r}), {str(adapter)!r})"
+        f"adapter: {adapter}   metrics: {out / 'metrics.jsonl'}   {checkpoints}settings: {out / 'config.json'}\n{load}"
     )
 
 

@@ -17,11 +17,13 @@ import errno
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import socket
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from guards import InputError, OutputDirError
@@ -89,6 +91,12 @@ def identity(run, world_size: int, model_config: dict | None = None) -> dict:
         "data_sha256": sha256_file(Path(run.DATA_PATH)),
         "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
     }
+
+
+def versions() -> dict:
+    """The Python and libraries this run trained with, saved beside its settings (not part of its identity: a
+    resume on a newer transformers is allowed)."""
+    return {"python": platform.python_version(), **{name: version(name) for name in ("torch", "transformers", "peft")}}
 
 
 def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:

@@ -151,16 +151,27 @@ def planned(values, sources: dict, chosen: dict) -> tuple:
     return dataclasses.replace(values, **chosen), {**sources, **dict.fromkeys(chosen, "planner")}
 
 
-def record(values, sources: dict) -> dict:
-    """Every constant as this run uses it, with where its value came from."""
-    return {name: {"value": getattr(values, name), "source": source} for name, source in sources.items()}
+def record(values, sources: dict, asked, asked_sources: dict) -> dict:
+    """Every constant as this run uses it, with where its value came from; one the planner changed keeps what
+    it replaced ("replaced": the value and source of `asked`/`asked_sources`, the settings before planning)."""
+    settings = {name: {"value": getattr(values, name), "source": source} for name, source in sources.items()}
+    for name, s in settings.items():
+        if s["value"] != getattr(asked, name):
+            s["replaced"] = {"value": getattr(asked, name), "source": asked_sources[name]}
+    return settings
 
 
 def show(settings: dict) -> str:
-    """The constants grouped by source, so what the user and the planner chose stands out."""
+    """The constants grouped by source, so what the user and the planner chose stands out (a planner's choice
+    with what it replaced: `MICRO_BATCH=4 (env 1)`)."""
+
+    def shown(name: str, s: dict) -> str:
+        was = s.get("replaced")
+        return f"{name}={s['value']}" + (f" ({was['source']} {was['value']})" if was else "")
+
     lines = []
     for source in ("env", "planner", "default"):
-        chosen = [f"{name}={s['value']}" for name, s in settings.items() if s["source"] == source]
+        chosen = [shown(name, s) for name, s in settings.items() if s["source"] == source]
         if chosen:
             lines.append(f"settings ({source}): {' '.join(chosen)}")
     return "\n".join(lines)

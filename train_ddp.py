@@ -658,7 +658,7 @@ def already_complete(finished: str | None, cfg: Config, total_steps: int, device
             f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train{finished}. To "
             f"train again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
         )
-        say(where_everything_is(cfg.OUTPUT_DIR, adapter, cfg.MODEL_ID))
+        say(where_everything_is(cfg.OUTPUT_DIR, adapter, cfg.MODEL_ID, cfg.MODEL_CONFIG))
     return bool(votes)
 
 
@@ -672,10 +672,10 @@ def main() -> None:
 
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
-    cfg, sources = checked_settings()
-    settings.check_writable(cfg.OUTPUT_DIR)
-    lock = run_record.OutputLock(cfg.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
-    cfg, sources = plan(cfg, sources, world, device)
+    asked, asked_sources = checked_settings()  # as the user set them; the planner may replace some
+    settings.check_writable(asked.OUTPUT_DIR)
+    lock = run_record.OutputLock(asked.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
+    cfg, sources = plan(asked, asked_sources, world, device)
     tokenizer, conversations, eval_conversations = read_conversations(cfg)
     if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
         steps_per_epoch(len(conversations), world, cfg)
@@ -693,7 +693,8 @@ def main() -> None:
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
     run_config = {
-        "settings": settings.record(cfg, sources),
+        "settings": settings.record(cfg, sources, asked, asked_sources),
+        "versions": run_record.versions(),
         "identity": identity,
         "resumed_from": resume and str(resume),
     }
@@ -832,7 +833,7 @@ def main() -> None:
             f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} in {seconds:.2f}s | "
             f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it
         )
-        say(where_everything_is(cfg.OUTPUT_DIR, path, cfg.MODEL_ID))
+        say(where_everything_is(cfg.OUTPUT_DIR, path, cfg.MODEL_ID, cfg.MODEL_CONFIG))
 
 
 def run() -> None:

@@ -99,6 +99,19 @@ def test_a_line_reaches_stdout_in_one_write_with_its_newline(monkeypatch):
     assert writes == ["step 6 | loss nan\n"]
 
 
+def test_the_last_lines_name_only_files_that_exist_and_load_the_adapter_on_the_weights_it_trained_on(tmp_path):
+    adapter = tmp_path / "adapter"
+    model = "google/gemma-4-12B-it"
+    lines = logs.where_everything_is(str(tmp_path), adapter, model, "").splitlines()
+    assert "checkpoints:" not in lines[0]  # none saved (MAX_STEPS before an epoch's end, SAVE_EVERY=0)
+    base = f"AutoModelForCausalLM.from_pretrained('{model}')"
+    assert lines[1] == f"load it: PeftModel.from_pretrained({base}, '{adapter}')"
+    (tmp_path / "checkpoints").mkdir()
+    lines = logs.where_everything_is(str(tmp_path), adapter, model, "configs/12b.json").splitlines()
+    assert f"checkpoints: {tmp_path / 'checkpoints'}" in lines[0]
+    assert lines[1].startswith("trained on random weights built from MODEL_CONFIG='configs/12b.json'")
+
+
 def test_packed_steps_log_their_fill(tmp_path):
     log = logs.StepLog(str(tmp_path), 1, 1, 0, torch.device("cpu"), predict_peak_gib=None, packed_slots=4 * 512)
     log.step(1, 0, 10.0, (5.0, 1536.0, 2048.0), 1.5, 1e-4, None, 0.5, 0.01, [{"input_ids": torch.zeros(4, 512)}])

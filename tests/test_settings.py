@@ -53,14 +53,18 @@ def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_report
     assert not set(settings.OTHER_NAMES) & set(sources) and set(settings.OTHER_NAMES.values()) <= set(sources)
 
 
-def test_the_planners_choices_are_recorded_and_shown_as_planner():
-    cfg, sources = settings.read(T.Config, T.ALLOWED, {"LR": "1e-4"})
-    cfg, sources = settings.planned(cfg, sources, {"MICRO_BATCH": 2, "ACCUM_STEPS": 4})
-    record = settings.record(cfg, sources)
-    assert record["MICRO_BATCH"] == {"value": 2, "source": "planner"} and record["LR"]["source"] == "env"
+def test_the_planners_choices_are_recorded_and_shown_as_planner_with_what_they_replaced():
+    asked, asked_sources = settings.read(T.Config, T.ALLOWED, {"LR": "1e-4", "MICRO_BATCH": "1"})
+    cfg, sources = settings.planned(asked, asked_sources, {"MICRO_BATCH": 2, "ACCUM_STEPS": 4, "SEED": asked.SEED})
+    record = settings.record(cfg, sources, asked, asked_sources)
+    assert record["MICRO_BATCH"] == {"value": 2, "source": "planner", "replaced": {"value": 1, "source": "env"}}
+    assert record["ACCUM_STEPS"]["replaced"] == {"value": asked.ACCUM_STEPS, "source": "default"}
+    assert record["SEED"] == {"value": asked.SEED, "source": "planner"}  # kept as it was: nothing replaced
+    assert record["LR"] == {"value": 1e-4, "source": "env"}
     lines = settings.show(record).splitlines()
     assert lines[0] == "settings (env): LR=0.0001"
-    assert lines[1] == "settings (planner): MICRO_BATCH=2 ACCUM_STEPS=4"
+    accum, seed = asked.ACCUM_STEPS, asked.SEED
+    assert lines[1] == f"settings (planner): MICRO_BATCH=2 (env 1) ACCUM_STEPS=4 (default {accum}) SEED={seed}"
     assert lines[2].startswith("settings (default): MODEL_ID=")
 
 

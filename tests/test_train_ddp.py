@@ -206,6 +206,7 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     )
     assert summary and int(summary[3]) > sum(r["targets"] for r in records), run.output[:3000]
     assert re.search(r"adapter: \S+adapter +metrics: \S+metrics.jsonl +checkpoints: .*\nload it: PeftModel", run.output)
+    assert json.loads((out / "config.json").read_text())["versions"]["torch"] == torch.__version__
     assert all(r["targets"] > 0 and r["tokens"] > r["targets"] and r["loss"] > 0 for r in records)
     assert {p.name for p in (out / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
 
