@@ -271,6 +271,19 @@ def measure(run, device, tokenizer, quantile_rows: dict, warmup: int, steps: int
     return result
 
 
+def writable_file(text: str) -> str:
+    """An argparse type: a file this can write, checked before minutes of measuring (not after)."""
+    path = Path(text)
+    existed = path.exists()
+    try:
+        path.open("a").close()  # "a": an existing report is not emptied by a run that fails later
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror}") from None
+    if not existed:
+        path.unlink()
+    return text
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -286,7 +299,7 @@ def main(argv=None) -> None:
         help="untimed steps per length (allocator, kernel choice)",
     )
     ap.add_argument("--steps", type=memory_budget.count, default=3, help="timed steps per length")
-    ap.add_argument("--json", default="", help="also write the report's numbers here")
+    ap.add_argument("--json", type=writable_file, help="also write the report's numbers to this file")
     args = ap.parse_args(argv)
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
     import train_ddp  # torch, transformers and the trainer's own modules

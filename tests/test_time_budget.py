@@ -261,6 +261,8 @@ def test_a_missing_model_is_named_before_the_planner_would_read_it(monkeypatch, 
         (["--bus-bw-gbps", "-1"], "--bus-bw-gbps: must be a number > 0 (got -1)"),
         (["--steps", "0"], "--steps: must be an integer >= 1 (got 0)"),
         (["--warmup", "-1"], "--warmup: must be an integer >= 0 (got -1)"),
+        (["--json", "/no/such/x.json"], "--json: cannot write /no/such/x.json: No such file or directory"),
+        (["--json", "/"], "--json: cannot write /: Is a directory"),
     ],
 )
 def test_bad_options_are_a_usage_error_before_anything_runs(argv, message, capsys, monkeypatch):
