@@ -130,6 +130,7 @@ def predict(
         "gpus_per_node": gpus_per_node,
         "nodes": nodes,
         "steps_per_epoch": steps,
+        "epochs": epochs,  # a fraction where MAX_STEPS ends the run first: it differs by configuration
         "total_steps": round(epochs * steps),
         "epoch_s": epoch_s,
         "step_s": train_s / steps,  # as the trainer's step_time_s: no checkpoint
@@ -407,17 +408,18 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
     for name in measured["oom"]:
         print(f"| {name} | out of memory: such batches would stop the run; lower MAX_LEN or MEMORY_TARGET_GIB |")
     print(f"optimizer step {measured['optimizer_s']:.3f} s, checkpoint save {measured['save_s']:.2f} s (measured)")
-    print(f"modelled, {run.EPOCHS} epoch(s):")
+    stop = f" or MAX_STEPS={run.MAX_STEPS} steps, whichever ends first" if run.MAX_STEPS else ""
+    print(f"modelled, EPOCHS={run.EPOCHS}{stop}:")
     print(
-        "| nodes x GPUs | steps/epoch | step s | waiting for the slowest rank | exposed all-reduce | epoch | "
-        "to completion | GPU-hours |"
+        "| nodes x GPUs | steps/epoch | steps run (epochs) | step s | waiting for the slowest rank | "
+        "exposed all-reduce | epoch | to completion | GPU-hours |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for p in predictions:
         print(
-            f"| {p['nodes']} x {p['gpus_per_node']} | {p['steps_per_epoch']} | {p['step_s']:.2f} | "
-            f"{p['straggler_s']:.1f} s | {p['allreduce_exposed_s']:.1f} s | {p['epoch_s'] / 60:.1f} min | "
-            f"{p['total_s'] / 3600:.2f} h | {p['gpu_hours']:.2f} |"
+            f"| {p['nodes']} x {p['gpus_per_node']} | {p['steps_per_epoch']} | {p['total_steps']} "
+            f"({p['epochs']:.3g}) | {p['step_s']:.2f} | {p['straggler_s']:.1f} s | {p['allreduce_exposed_s']:.1f} s | "
+            f"{p['epoch_s'] / 60:.1f} min | {p['total_s'] / 3600:.2f} h | {p['gpu_hours']:.2f} |"
         )
     print("launch to adapter (the job's last line says its own):")
     print(

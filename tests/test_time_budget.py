@@ -176,6 +176,37 @@ def test_a_run_on_the_tiny_model_measures_each_quantile_and_reports(tmp_path, ca
         assert whole["evaluations"] == 1 and whole["run_s"] > whole["training_s"] + whole["start_s"] > whole["start_s"]
 
 
+@pytest.fixture
+def measured_instantly(monkeypatch) -> list:
+    """measure() replaced by WHOLE_RUN's fixed times at each quantile row's width: main()'s report in a moment.
+    The list fills with the quantile rows each call was given."""
+    given = []
+
+    def measure(run, device, tokenizer, quantile_rows, *args):
+        given.append(quantile_rows)
+        widths = {TB.padded(len(row["input_ids"]), run.PAD_TO_MULTIPLE) for row in quantile_rows.values()}
+        return {
+            **WHOLE_RUN,
+            "micro_batch_s": dict.fromkeys(widths, 0.5),
+            "first_step_s": dict.fromkeys(widths, 2.0),
+            "peak_gib": {},
+            "oom": [],
+        }
+
+    monkeypatch.setattr(TB, "measure", measure)
+    return given
+
+
+def test_a_max_steps_run_says_the_steps_and_epochs_each_configuration_runs(monkeypatch, capsys, measured_instantly):
+    monkeypatch.setenv("MAX_STEPS", "20")
+    TB.main(["--gpus-per-node", "1", "2"])
+    out = capsys.readouterr().out
+    one, two = (T.steps_per_epoch(96, ranks, T.Config()) for ranks in (1, 2))
+    assert (one, two) == (12, 6)  # EPOCHS=2: MAX_STEPS=20 stops one GPU in its second epoch; two GPUs end first
+    assert "modelled, EPOCHS=2 or MAX_STEPS=20 steps, whichever ends first:" in out
+    assert "| 1 x 1 | 12 | 20 (1.67) |" in out and "| 1 x 2 | 6 | 12 (2) |" in out
+
+
 def test_a_width_measured_twice_keeps_the_first_step_that_saw_it_new(monkeypatch, tokenizer, sample_data_path):
     """Two quantiles of one padded width (short data): the compile and allocator growth of the very first step
     stay in first_step_s, not the warm first step of the second measurement."""
