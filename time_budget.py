@@ -5,10 +5,11 @@
 Settings are train_ddp.py's, from the same environment variables (MEMORY_TARGET_GIB's layout and
 ATTENTION_KERNEL's choice included). On this machine, with one GPU (or the CPU):
   measured  the data's token lengths through the real chat template (every row up to --rows, sampled
-            evenly), the target fraction; train_ddp's forward_backward + clip + AdamW step on micro-batches
-            of real rows at the short, typical and long quantiles of that length distribution (warm-up
-            steps first), the peak memory of each; one checkpoint save. With PACKING=1: the trainer's packed
-            rows (all MAX_LEN wide), one micro-batch of a typical one measured; the report says which mode.
+            evenly, the row with the most characters added), the target fraction; train_ddp's forward_backward
+            + clip + AdamW step on micro-batches of real rows at the short, typical and long quantiles of that
+            length distribution (warm-up steps first), the peak memory of each; one checkpoint save. With
+            PACKING=1: the trainer's packed rows (all MAX_LEN wide), one micro-batch of a typical one measured;
+            the report says which mode.
             For the whole run: the imports, tokenizing, loading the model and adding the adapters; each
             length's first step (compile, allocator growth, kernel planning); with EVAL_PATH, a forward pass
             of the eval rows at their quantile lengths; saving the adapter.
@@ -292,7 +293,12 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--nodes", type=memory_budget.count, nargs="+", default=[1], help="node counts to predict for")
     ap.add_argument("--bus-bw-gbps", type=memory_budget.positive, default=100.0, help="all-reduce bus bandwidth, GB/s")
-    ap.add_argument("--rows", type=memory_budget.count, default=5000, help="rows tokenized for the length distribution")
+    ap.add_argument(
+        "--rows",
+        type=memory_budget.count,
+        default=5000,
+        help="rows tokenized for the length distribution (evenly spaced; the longest added)",
+    )
     ap.add_argument(
         "--warmup",
         type=memory_budget.bounded(int, 0),
@@ -354,27 +360,31 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
         print(
             "CPU: 1 thread, as torchrun gives each rank (set OMP_NUM_THREADS to change); times do NOT transfer to GPUs"
         )
-    stride = max(1, len(conversations) // args.rows)  # every row, or an evenly spaced sample of --rows
-    sample = conversations[::stride]
+    n = len(conversations)
+    chars = ChatDataset(conversations, tokenizer, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS).lengths  # no tokenizing
+    stride = max(1, n // args.rows)  # every row, or an evenly spaced sample of --rows
+    longest = chars.index(max(chars))  # sampled too: the longest length's peak memory is measured on it
+    # the file modelled: each sampled row stands for the `stride` rows from it on, the longest for itself
+    stands_for = [i if i == longest else i - i % stride for i in range(n)]
     began = time.perf_counter()
-    rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in sample]
-    tokenize_row_s = (time.perf_counter() - began) / len(sample)
+    rows = {
+        i: tokenize_conversation(tokenizer, conversations[i], run.MAX_LEN, run.ASSISTANT_ONLY_LOSS)
+        for i in sorted(set(stands_for))
+    }
+    tokenize_row_s = (time.perf_counter() - began) / len(rows)
     eval_rows = [tokenize_conversation(tokenizer, c, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS) for c in eval_conversations]
     eval_tokens = [len(r["input_ids"]) for r in eval_rows]
-    tokens = [len(r["input_ids"]) for r in rows]
-    group_keys = ChatDataset(sample, tokenizer, run.MAX_LEN, run.ASSISTANT_ONLY_LOSS).lengths
-    lengths = sorted(tokens)
-    targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows) / sum(lengths)
-    quantile_rows = at_quantiles(rows)
-    n = len(conversations)  # a sample stands for the whole file
-    tokens, group_keys = (tokens * stride)[:n], (group_keys * stride)[:n]
+    lengths = sorted(len(r["input_ids"]) for r in rows.values())
+    targets = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows.values()) / sum(lengths)
+    quantile_rows = at_quantiles(list(rows.values()))
+    tokens, group_keys = [len(rows[i]["input_ids"]) for i in stands_for], [chars[i] for i in stands_for]
     mode = "unpacked rows (PACKING=0)"
     if run.PACKING:  # the trainer's packed rows, all MAX_LEN wide: one row of real conversations is measured
         packed = rows_of_epoch(tokens, run.SEED, 0, run.MAX_LEN)
         configs, skipped = fillable(len(packed))
         fill = sum(tokens) / (len(packed) * run.MAX_LEN)
         mode = f"packed rows (PACKING=1): {n:,} rows in {len(packed):,} of MAX_LEN, fill {fill:.1%}"
-        quantile_rows = {"packed row": [rows[i % len(rows)] for i in packed[len(packed) // 2]]}
+        quantile_rows = {"packed row": [rows[stands_for[i]] for i in packed[len(packed) // 2]]}
         tokens = group_keys = [run.MAX_LEN] * len(packed)
     eval_quantile_rows = at_quantiles(eval_rows) if eval_rows else {}
     measured = measure(run, device, tokenizer, quantile_rows, args.warmup, args.steps, eval_quantile_rows)
@@ -394,8 +404,10 @@ def report(args: argparse.Namespace, imports_s: float) -> None:
         predictions.append(prediction)
 
     machine = "times do NOT transfer to GPUs" if device.type == "cpu" else torch.cuda.get_device_name()
+    added = ", and the one with the most characters" if longest % stride else ""
+    sampled = f" of {len(rows):,} sampled rows (1 in {stride}{added})" if stride > 1 else ""
     print(
-        f"time budget on {device.type} ({machine}) | {source} | {len(conversations):,} rows; lengths p10/p50/p90/max "
+        f"time budget on {device.type} ({machine}) | {source} | {n:,} rows; lengths{sampled} p10/p50/p90/max "
         f"{'/'.join(str(quantile(lengths, q)) for q in QUANTILES.values())} tokens (MAX_LEN={run.MAX_LEN}); "
         f"targets {100 * targets:.0f}% of tokens | micro-batch {run.MICRO_BATCH} x {run.ACCUM_STEPS} | "
         f"ATTENTION_KERNEL={run.ATTENTION_KERNEL} | {mode}"

@@ -207,6 +207,30 @@ def test_a_max_steps_run_says_the_steps_and_epochs_each_configuration_runs(monke
     assert "| 1 x 1 | 12 | 20 (1.67) |" in out and "| 1 x 2 | 6 | 12 (2) |" in out
 
 
+@pytest.mark.parametrize(
+    ("rows", "header"),
+    [
+        (10, "96 rows; lengths of 12 sampled rows (1 in 9, and the one with the most characters) p10"),
+        (5000, "96 rows; lengths p10"),  # every row: no sample to name
+    ],
+)
+def test_sampled_lengths_are_said_and_hold_the_longest_conversation(
+    rows, header, tmp_path, capsys, tokenizer, measured_instantly
+):
+    """The longest length's peak memory is measured on the file's longest conversation (by characters, row 17,
+    which 1 in 9 misses), and it stands for itself alone in the file modelled."""
+    report = tmp_path / "report.json"
+    TB.main(["--gpus-per-node", "1", "--rows", str(rows), "--json", str(report)])
+    assert header in capsys.readouterr().out
+    conversations = load_conversations(str(SAMPLE_DATA))
+    chars = ChatDataset(conversations, tokenizer, T.Config.MAX_LEN, True).lengths
+    longest = tokenize_conversation(tokenizer, conversations[chars.index(max(chars))], T.Config.MAX_LEN, True)
+    (quantile_rows,) = measured_instantly
+    assert quantile_rows["longest"]["input_ids"] == longest["input_ids"]
+    tokens = json.loads(report.read_text())["tokens"]
+    assert len(tokens) == 96 and tokens.count(len(longest["input_ids"])) == 1
+
+
 def test_a_width_measured_twice_keeps_the_first_step_that_saw_it_new(monkeypatch, tokenizer, sample_data_path):
     """Two quantiles of one padded width (short data): the compile and allocator growth of the very first step
     stay in first_step_s, not the warm first step of the second measurement."""
