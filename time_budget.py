@@ -308,6 +308,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=memory_budget.count, default=3, help="timed steps per length")
     ap.add_argument("--json", type=writable_file, help="also write the report's numbers to this file")
     args = ap.parse_args(argv)
+    # a count given twice is one configuration: one row for it, in the order given
+    args.gpus_per_node, args.nodes = list(dict.fromkeys(args.gpus_per_node)), list(dict.fromkeys(args.nodes))
     began = time.perf_counter()  # the imports the job makes too (here once torch is imported: near 0)
     import train_ddp  # torch, transformers and the trainer's own modules
 

@@ -207,6 +207,14 @@ def test_a_max_steps_run_says_the_steps_and_epochs_each_configuration_runs(monke
     assert "| 1 x 1 | 12 | 20 (1.67) |" in out and "| 1 x 2 | 6 | 12 (2) |" in out
 
 
+def test_a_count_given_twice_is_one_row_in_the_order_given(tmp_path, capsys, measured_instantly):
+    report = tmp_path / "report.json"
+    TB.main(["--gpus-per-node", "2", "1", "2", "--nodes", "1", "1", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert out.count("| 1 x 2 |") == out.count("| 1 x 1 |") == 2  # one row in each table
+    assert [p["gpus_per_node"] for p in json.loads(report.read_text())["predictions"]] == [2, 1]
+
+
 @pytest.mark.parametrize(
     ("rows", "header"),
     [
