@@ -606,6 +606,7 @@ def estimate(
             offload=layout.offload,
             optimizer_offload=layout.optimizer_offload,
             compiled=compiled,
+            attention=attention,
             full=full,
             train_embeddings=train_embeddings,
             gpu_mem_gb=gpu_mem_gb,
@@ -808,7 +809,8 @@ def format_report(result: dict) -> str:
             f"{result['lora_params']:,} trainable ({100 * result['lora_params'] / p['total']:.2f}%)"
         )
     out.append(
-        f"\nPer GPU: {mode}{', layers compiled' if s['compiled'] else ''}, micro-batch {s['micro_batch']} x "
+        f"\nPer GPU: {mode}{', layers compiled' if s['compiled'] else ''}, {s['attention']} attention, "
+        f"micro-batch {s['micro_batch']} x "
         f"{s['seq_len']} tokens, "
         f"{_describe_checkpointing(s['ckpt_every'], s['offload'])}, "
         + ("AdamW state on the host between steps, " if s["optimizer_offload"] else "")

@@ -437,6 +437,16 @@ def test_cli_table(capsys):
     assert "(chunks of 1024: 4.29 GB, 4.00 GiB)" in out
 
 
+@pytest.mark.parametrize("attention", mb.ATTENTION_PATHS)
+def test_the_reports_name_the_attention_path_they_assume(attention, capsys):
+    """The kernel moves the peak by up to 10 GiB (12B, 8,192 tokens, no checkpointing): a saved report says which."""
+    args = [str(CONFIG_12B), "--attention", attention]
+    mb.main(args)
+    assert f", {attention} attention, micro-batch 1 x 2048 tokens" in capsys.readouterr().out
+    mb.main([*args, "--json"])
+    assert json.loads(capsys.readouterr().out)["settings"]["attention"] == attention
+
+
 def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
     import train_ddp as T
 
