@@ -36,12 +36,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from settings import GEMMA4_MODEL_TYPES
+
 GB, GiB = 1e9, 2**30
 # train_ddp.py's default LORA_TARGETS (tests/test_memory_budget.py keeps them equal): the text decoder's linear
 # layers. PEFT full-matches it against
 # module names. In a model that keeps the vision/audio embedders, "all-linear" would also hit them, which a text
 # batch never uses: a DDP error at step 2 (repro/02); train_ddp.load_model leaves them out.
 DEFAULT_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# the same modules of a text-only layout (gemma4_text): their names have no language_model
+TEXT_ONLY_TARGETS = DEFAULT_TARGETS.replace(".*language_model", "")
 # attention paths: the global layers' kernel of right-padded rows (ffpa, sdpa), transformers' dense masks
 # (masked), or packed rows with every layer on flex_attention (flex)
 ATTENTION_PATHS = ("ffpa", "sdpa", "masked", "flex")
@@ -126,8 +130,17 @@ def read_safetensors_header(path) -> dict:
     return {name: (tuple(t["shape"]), t["dtype"]) for name, t in header.items()}
 
 
+class ModelError(ValueError):
+    """A model the budget cannot describe: not Gemma 4, a config.json without a field it reads, or LoRA targets
+    that match no Linear module of it."""
+
+
+# text-config fields read beyond the weights' shapes (building from config.json would default them silently)
+TEXT_FIELDS = ("num_attention_heads", "num_key_value_heads")
+
+
 def load_config(path_or_id) -> dict:
-    """config.json of a folder, a config.json path itself, or a hub id."""
+    """config.json of a folder, a config.json path itself, or a hub id: a Gemma 4 one with TEXT_FIELDS."""
     path = Path(path_or_id)
     if path.is_dir():
         path = path / "config.json"
@@ -135,7 +148,16 @@ def load_config(path_or_id) -> dict:
         from huggingface_hub import hf_hub_download
 
         path = hf_hub_download(str(path_or_id), "config.json")
-    return json.loads(Path(path).read_text())
+    config = json.loads(Path(path).read_text())
+    if config.get("model_type") not in GEMMA4_MODEL_TYPES:
+        raise ModelError(
+            f"{path} says model_type {config.get('model_type')!r}: memory_budget.py models Gemma 4 "
+            f"({', '.join(GEMMA4_MODEL_TYPES)})"
+        )
+    missing = [k for k in TEXT_FIELDS if k not in (config.get("text_config") or config)]
+    if missing:
+        raise ModelError(f"{path} has no {', '.join(missing)} (of Gemma 4's text config)")
+    return config
 
 
 def param_shapes_from_model(model) -> dict:
@@ -239,10 +261,6 @@ def is_targeted(module_name: str, targets) -> bool:
     if isinstance(targets, str):
         return re.fullmatch(targets, module_name) is not None
     return any(module_name == t or module_name.endswith("." + t) for t in targets)
-
-
-class NoTargets(ValueError):
-    """LoRA targets that match no Linear module of the model."""
 
 
 def lora_params(shapes: dict, targets=DEFAULT_TARGETS, r: int = 16, tied: bool = True) -> dict:
@@ -514,7 +532,7 @@ def estimate(
 
     lora = {} if full else lora_params(param_shapes, targets, lora_r, tied)
     if not full and not lora and not train_embeddings:
-        raise NoTargets(f"LoRA targets {targets!r} match no Linear module")
+        raise ModelError(f"LoRA targets {targets!r} match no Linear module")
     n_lora = sum(lora.values())
     # modules_to_save: PEFT trains a copy of the embedding (one copy when tied, with ensure_weight_tying)
     # in the stored dtype, beside the frozen original; AdamW keeps its moments in that dtype too.
@@ -891,6 +909,10 @@ def regex(text: str) -> str:
 
 def model_source(text: str) -> str:
     """An argparse type: an existing path, or what can only be a hub id (name or owner/name, not a .json)."""
+    if not text:  # Path("") is the current folder
+        raise argparse.ArgumentTypeError("empty: give a model folder, a config.json or a hub id")
+    if Path(text).is_dir() and not (Path(text) / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no config.json in this folder")
     if not Path(text).exists() and (text.endswith(".json") or not re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", text)):
         raise argparse.ArgumentTypeError(f"{text}: no such file or folder")
     return text
@@ -991,7 +1013,10 @@ def main(argv=None) -> int:
     if world % args.tp:
         ap.error(f"--tp {args.tp} does not divide the world size {world} (--gpus-per-node x --nodes)")
     try:
-        shapes, config = param_shapes_from_path(args.model), load_config(args.model)
+        config = load_config(args.model)  # first: another architecture is said before anything is built
+        shapes = param_shapes_from_path(args.model)
+    except ModelError as e:
+        ap.error(str(e))
     except Exception as e:  # no such folder or hub id, no network, a gated model without a token: one line
         hub = (
             "" if Path(args.model).exists() else "; a hub id needs the network (or HF_HUB_OFFLINE=1 and a cached copy)"
@@ -1019,8 +1044,9 @@ def main(argv=None) -> int:
             attention=args.attention,
             compiled=args.compile_layers,
         )
-    except NoTargets as e:  # known only once the shapes are
-        ap.error(str(e))
+    except ModelError as e:  # LoRA targets: known only once the shapes are
+        text_only = "" if "text_config" in config else f"; in a text-only layout try --targets '{TEXT_ONLY_TARGETS}'"
+        ap.error(f"{e}{text_only}")
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
     return 0
 

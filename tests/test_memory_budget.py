@@ -326,7 +326,7 @@ def test_trainable_embeddings_equal_peft_modules_to_save(tiny_model_path):
 
 def test_targets_matching_nothing_are_an_error(tiny_model_path):
     shapes = mb.param_shapes_from_path(tiny_model_path)
-    with pytest.raises(mb.NoTargets, match="match no Linear"):
+    with pytest.raises(mb.ModelError, match="match no Linear"):
         mb.estimate(shapes, {"num_attention_heads": 4}, mb.Layout(), seq_len=64, targets=r".*nothing")
 
 
@@ -581,6 +581,44 @@ def test_cli_refuses_bad_values_in_one_line_before_building_a_model(argv, messag
     model = [] if argv[0] == "nosuchfile.json" else [str(ROOT / "assets" / "tiny-gemma4")]
     err = usage_error(mb.main, [*model, *argv], capsys)
     assert f"error: {message}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "message"),
+    [
+        ("llama.json", {"model_type": "llama"}, "{} says model_type 'llama': memory_budget.py models Gemma 4 (gemma4"),
+        ("no_heads.json", {"model_type": "gemma4_unified"}, "{} has no num_attention_heads, num_key_value_heads"),
+        ("no_config", None, "argument model: {}: no config.json in this folder"),  # a folder
+        ("", None, "argument model: empty: give a model folder, a config.json or a hub id"),
+    ],
+)
+def test_cli_says_in_one_line_which_model_it_cannot_budget(name, config, message, tmp_path, capsys, monkeypatch):
+    """Another architecture, a config.json without the text fields read, a folder without config.json, an empty
+    argument: each named before a model is built."""
+    monkeypatch.setattr(mb, "_shapes_from_config", lambda *a: pytest.fail("built a model for a bad model argument"))
+    model = str(tmp_path / name) if name else ""
+    if config:
+        Path(model).write_text(json.dumps(config))
+    elif name:
+        Path(model).mkdir()
+    err = usage_error(mb.main, [model], capsys)
+    assert f"error: {message.format(model)}" in err.splitlines()[-1], err  # one line, after the usage
+
+
+def test_a_text_only_layout_is_pointed_to_targets_that_match_it(tmp_path, tiny_model_path, capsys):
+    """gemma4_text names its modules without language_model: the default targets match none, TEXT_ONLY_TARGETS
+    match the same adapters as the default ones in the unified model."""
+    text_only = tmp_path / "config.json"
+    text = json.loads((tiny_model_path / "config.json").read_text())["text_config"]
+    text_only.write_text(json.dumps(text | {"model_type": "gemma4_text"}))
+    err = usage_error(mb.main, [str(text_only)], capsys)
+    assert f"match no Linear module; in a text-only layout try --targets '{mb.TEXT_ONLY_TARGETS}'" in err, err
+    counts = []
+    for argv in ([str(text_only), "--targets", mb.TEXT_ONLY_TARGETS], [str(tiny_model_path)]):
+        assert mb.main([*argv, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        counts.append((r["lora_modules"], r["lora_params"]))
+    assert counts[0] == counts[1] and counts[0][0] > 0
 
 
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
