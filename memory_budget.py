@@ -928,7 +928,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seq-len", type=count, default=2048, help="tokens per sample after padding")
     ap.add_argument(
         "--micro-batch",
-        type=int,
+        type=count,
         default=DEFAULT_LAYOUT.micro_batch,
         help="samples per GPU per forward (train_ddp.py's MICRO_BATCH)",
     )
@@ -940,7 +940,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--ckpt-every",
-        type=int,
+        type=bounded(int, 0),
         default=DEFAULT_LAYOUT.ckpt_every,
         metavar="N",
         help="gradient checkpointing of every Nth decoder layer, 0: none (GRADIENT_CHECKPOINTING)",
@@ -967,7 +967,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--ce-chunk-tokens",
-        type=int,
+        type=bounded(int, 0),
         default=DEFAULT_LAYOUT.ce_chunk_tokens,
         help="loss in checkpointed chunks of this many target tokens, 0: all logits at once (CE_CHUNK_TOKENS)",
     )
@@ -1005,10 +1005,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    try:
-        layout = layout_from_args(args)
-    except ValueError as e:
-        ap.error(str(e))
+    layout = layout_from_args(args)
     world = args.gpus_per_node * args.nodes
     if world % args.tp:
         ap.error(f"--tp {args.tp} does not divide the world size {world} (--gpus-per-node x --nodes)")
