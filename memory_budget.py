@@ -24,7 +24,7 @@ gradient_as_bucket_view=True; every sample padded to --seq-len and every positio
 The layout options (--micro-batch, --ckpt-every, --ckpt-offload, --optimizer-offload, --ce-chunk-tokens) are
 train_ddp.py's MICRO_BATCH, GRADIENT_CHECKPOINTING, CHECKPOINT_OFFLOAD, OPTIMIZER_OFFLOAD and CE_CHUNK_TOKENS,
 with the same defaults; they describe every layout that train_ddp.py's MEMORY_TARGET_GIB planner
-(plan_for_memory_target) can choose.
+(plan_for_memory_target) can choose, and --memory-target-gib runs that planner.
 """
 
 import argparse
@@ -35,6 +35,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from settings import GEMMA4_MODEL_TYPES
 
@@ -987,28 +988,48 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--compile-layers", action="store_true", help="each decoder layer compiled (train_ddp.py's COMPILE_LAYERS)"
     )
+    ap.add_argument(
+        "--memory-target-gib",
+        type=positive,
+        default=0.0,
+        metavar="GIB",
+        help="train_ddp.py's MEMORY_TARGET_GIB: its planner chooses the layout options (keeping micro-batch x accum) "
+        "and the report is of that layout",
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
 
-def layout_from_args(args: argparse.Namespace) -> Layout:
-    """The layout the command line describes."""
-    return Layout(
-        micro_batch=args.micro_batch,
-        ckpt_every=args.ckpt_every,
-        offload=args.ckpt_offload,
-        ce_chunk_tokens=args.ce_chunk_tokens,
-        optimizer_offload=args.optimizer_offload,
+def run_of(args: argparse.Namespace) -> SimpleNamespace:
+    """The train_ddp.py settings the command line describes, by the constant names estimate_run and plan_run read."""
+    return SimpleNamespace(
+        MODEL_ID=args.model,
+        MODEL_CONFIG="",
+        MEMORY_TARGET_GIB=args.memory_target_gib,
+        MAX_LEN=args.seq_len,
+        MICRO_BATCH=args.micro_batch,
+        ACCUM_STEPS=args.accum,
+        GRADIENT_CHECKPOINTING=args.ckpt_every,
+        CHECKPOINT_OFFLOAD=args.ckpt_offload,
+        CE_CHUNK_TOKENS=args.ce_chunk_tokens,
+        OPTIMIZER_OFFLOAD=args.optimizer_offload,
+        LORA_R=args.lora_r,
+        LORA_TARGETS=args.targets,
+        LORA_DROPOUT=args.lora_dropout,
+        ATTENTION_KERNEL=args.attention,
+        PACKING=args.attention == "flex",
+        COMPILE_LAYERS=args.compile_layers,
     )
 
 
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    layout = layout_from_args(args)
     world = args.gpus_per_node * args.nodes
     if world % args.tp:
         ap.error(f"--tp {args.tp} does not divide the world size {world} (--gpus-per-node x --nodes)")
+    if args.memory_target_gib and (args.tp > 1 or args.full or args.train_embeddings):
+        ap.error("--memory-target-gib plans train_ddp.py's runs, which have no --tp, --full or --train-embeddings")
     try:
         config = load_config(args.model)  # first: another architecture is said before anything is built
         shapes = param_shapes_from_path(args.model)
@@ -1022,29 +1043,30 @@ def main(argv=None) -> int:
             f"error: {args.model}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hub}", file=sys.stderr
         )
         return 2
-    try:
-        result = estimate(
+    run = run_of(args)
+    try:  # the trainer's own planner call; its choice is then reported like any layout
+        chosen, line = plan_run(run, world) if run.MEMORY_TARGET_GIB else ({}, "")
+        vars(run).update(chosen)
+        result = estimate_run(
+            run,
             shapes,
             config,
-            layout,
-            seq_len=args.seq_len,
-            world_size=world,
+            world,
             tp=args.tp,
-            lora_r=args.lora_r,
-            targets=args.targets,
             full=args.full,
             train_embeddings=args.train_embeddings,
             gpu_mem_gb=args.gpu_mem_gb,
             bus_bw_gbps=args.bus_bw_gbps,
-            accum=args.accum,
-            lora_dropout=args.lora_dropout,
-            attention=args.attention,
-            compiled=args.compile_layers,
         )
     except ModelError as e:  # LoRA targets: known only once the shapes are
         text_only = "" if "text_config" in config else f"; in a text-only layout try --targets '{TEXT_ONLY_TARGETS}'"
         ap.error(f"{e}{text_only}")
-    print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{format_report(result)}")
+    except ValueError as e:  # no layout fits the target
+        ap.error(f"--memory-target-gib {args.memory_target_gib:g}: {e}")
+    if chosen:
+        result["plan"] = {"MEMORY_TARGET_GIB": args.memory_target_gib, **chosen}
+        line = f"planner: {line} with {' '.join(f'{k}={v}' for k, v in chosen.items())}\n"
+    print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{line}{format_report(result)}")
     return 0
 
 

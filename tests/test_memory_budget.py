@@ -463,7 +463,7 @@ def test_cli_defaults_are_the_trainers_and_the_verdict_speaks_gib(capsys):
     assert (d.ckpt_every, d.ckpt_offload) == (t.GRADIENT_CHECKPOINTING, t.CHECKPOINT_OFFLOAD) == (1, False)
     assert d.optimizer_offload == t.OPTIMIZER_OFFLOAD is False
     trainers = mb.layout_of(t)
-    assert mb.layout_from_args(d) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
+    assert mb.layout_of(mb.run_of(d)) == mb.DEFAULT_LAYOUT == mb.Layout() == trainers
     mb.main([str(CONFIG_12B), "--gpu-mem-gb", "80"])
     strategy = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Strategy:"))
     assert "GiB of the 80.0 GiB card" in strategy and " GB" not in strategy
@@ -490,7 +490,7 @@ def test_cli_options_describe_every_layout_the_planner_can_choose():
     assert len(candidates) == 5 * 4 * 3 * 2 and len(set(candidates)) == len(candidates)
     for layout in candidates:
         args = mb.parser().parse_args(["model", *cli_options(layout, 8 // layout.micro_batch)])
-        assert mb.layout_from_args(args) == layout
+        assert mb.layout_of(mb.run_of(args)) == layout
     assert mb.parser().parse_args(["model", "--no-grad-ckpt"]).ckpt_every == 0
 
 
@@ -551,6 +551,45 @@ def test_compiled_layers_let_the_planner_take_a_larger_micro_batch(capsys, shape
             "peak_bytes"
         ]
     )
+
+
+@pytest.mark.parametrize(("target", "compile_layers", "peak_gib"), [(75, True, 72.7), (44, False, 42.5)])
+def test_cli_runs_the_trainers_planner_and_reproduces_the_readmes_predicted_rows(
+    target, compile_layers, peak_gib, capsys
+):
+    """--memory-target-gib prints, reports and puts in --json what train_ddp.py's MEMORY_TARGET_GIB chooses for
+    README's rows (12B, 2,048 tokens, 8 samples per GPU per step, 8 GPUs, ffpa)."""
+    run = T.Config(
+        MODEL_ID=str(CONFIG_12B),
+        MEMORY_TARGET_GIB=float(target),
+        COMPILE_LAYERS=compile_layers,
+        ATTENTION_KERNEL="ffpa",
+    )
+    chosen, line = mb.plan_run(run, 8)
+    assert f"predicted peak {peak_gib} GiB" in line  # the trainer's planner gives README's figure
+    argv = [str(CONFIG_12B), "--gpus-per-node", "8", "--memory-target-gib", str(target)]
+    argv += ["--compile-layers"] if compile_layers else []
+    assert mb.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"planner: {line} with {' '.join(f'{k}={v}' for k, v in chosen.items())}\n" in out
+    assert f"micro-batch {chosen['MICRO_BATCH']} x 2048 tokens" in out  # the report is of the chosen layout
+    assert mb.main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["plan"] == {"MEMORY_TARGET_GIB": target, **chosen} and round(r["peak_bytes"] / GiB, 1) == peak_gib
+    readme = (ROOT / "README.md").read_text()
+    assert f"`MEMORY_TARGET_GIB={target}{' COMPILE_LAYERS=1' if compile_layers else ''}` | {peak_gib} GiB |" in readme
+    assert (
+        "Predicted rows: `python memory_budget.py configs/gemma-4-12b.json --memory-target-gib 75 --compile-" in readme
+    )
+
+
+def test_cli_planner_refusals_are_one_line(capsys):
+    """A target no layout fits, and options train_ddp.py has not, are usage errors naming the option."""
+    err = usage_error(mb.main, [str(CONFIG_12B), "--memory-target-gib", "20"], capsys)
+    assert "error: --memory-target-gib 20: no layout fits 20.0 GiB per GPU" in err.splitlines()[-1], err
+    for other in (["--tp", "2", "--gpus-per-node", "2"], ["--full"], ["--train-embeddings"]):
+        err = usage_error(mb.main, [str(CONFIG_12B), "--memory-target-gib", "75", *other], capsys)
+        assert "error: --memory-target-gib plans train_ddp.py's runs, which have no --tp, --full" in err, err
 
 
 @pytest.mark.parametrize(
