@@ -470,11 +470,12 @@ def _activations(
     }
 
 
-def _strategy(total: float, state: float, card: float, dp: int) -> tuple[str, str]:
-    """SPEC's decision: DDP if a replica fits; FSDP/ZeRO if only gradients + optimizer state are too big;
-    tensor/pipeline parallelism otherwise."""
+def _strategy(total: float, state: float, card: float, dp: int, tp: int) -> tuple[str, str]:
+    """SPEC's decision: DDP if a replica (its 1/tp share per GPU) fits; FSDP/ZeRO if only gradients + optimizer
+    state are too big; tensor/pipeline parallelism otherwise."""
     if total <= card:
-        return "DDP", f"one full replica needs {total / GiB:.1f} GiB of the {card / GiB:.1f} GiB card"
+        share = "one full replica" if tp == 1 else f"one GPU's 1/{tp} of a replica (TP {tp})"
+        return "DDP", f"{share} needs {total / GiB:.1f} GiB of the {card / GiB:.1f} GiB card"
     if total - state <= card:
         sharded = total - state * (1 - 1 / dp)
         verdict = "" if sharded <= card else ", still too much: add GPUs"
@@ -607,7 +608,7 @@ def estimate(
     peak = sum(breakdown.values())
     margin = FRAGMENTATION * peak + CUDA_CONTEXT_BYTES + (NCCL_BYTES if world_size > 1 else 0)
     card, total = gpu_mem_gb * GiB, peak + margin
-    strategy, reason = _strategy(total, state, card, dp)
+    strategy, reason = _strategy(total, state, card, dp, tp)
     ring = 2 * (dp - 1) / dp
     return {
         "settings": dict(
@@ -925,7 +926,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("model", type=model_source, help="local folder, config.json, or hub id")
     ap.add_argument("--gpus-per-node", type=count, default=1)
     ap.add_argument("--nodes", type=count, default=1)
-    ap.add_argument("--tp", type=count, default=1, help="tensor-parallel degree (DP = world size / TP)")
+    ap.add_argument(
+        "--tp", type=count, default=1, help="tensor-parallel degree (DP = world size / TP; train_ddp.py has none)"
+    )
     ap.add_argument("--seq-len", type=count, default=2048, help="tokens per sample after padding")
     ap.add_argument(
         "--micro-batch",
@@ -1022,6 +1025,30 @@ def run_of(args: argparse.Namespace) -> SimpleNamespace:
     )
 
 
+def warnings_for(args: argparse.Namespace, result: dict, config: dict) -> list[str]:
+    """Values the budget models but a run would not want, and an assumption that multi-node runs rarely meet."""
+    hidden, context = result["params"]["hidden"], (config.get("text_config") or config).get("max_position_embeddings")
+    return [
+        text
+        for text, wrong in (
+            (
+                f"--lora-r {args.lora_r} is above the hidden size {hidden}: no adapted matrix has that rank",
+                not args.full and args.lora_r > hidden,
+            ),
+            (
+                f"--seq-len {args.seq_len} is beyond the model's max_position_embeddings {context}",
+                context and args.seq_len > context,
+            ),
+            (
+                f"--bus-bw-gbps {args.bus_bw_gbps:g} is taken across {args.nodes} nodes too: inter-node links are "
+                "usually slower, give theirs",
+                args.nodes > 1 and args.bus_bw_gbps == parser().get_default("bus_bw_gbps"),
+            ),
+        )
+        if wrong
+    ]
+
+
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -1063,6 +1090,8 @@ def main(argv=None) -> int:
         ap.error(f"{e}{text_only}")
     except ValueError as e:  # no layout fits the target
         ap.error(f"--memory-target-gib {args.memory_target_gib:g}: {e}")
+    for text in warnings_for(args, result, config):
+        print(f"warning: {text}", file=sys.stderr)
     if chosen:
         result["plan"] = {"MEMORY_TARGET_GIB": args.memory_target_gib, **chosen}
         line = f"planner: {line} with {' '.join(f'{k}={v}' for k, v in chosen.items())}\n"

@@ -658,6 +658,29 @@ def test_a_text_only_layout_is_pointed_to_targets_that_match_it(tmp_path, tiny_m
     assert counts[0] == counts[1] and counts[0][0] > 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "warning"),
+    [  # the tiny model: hidden size 64, max_position_embeddings 4096
+        (["--lora-r", "65"], "--lora-r 65 is above the hidden size 64: no adapted matrix has that rank"),
+        (["--seq-len", "4097"], "--seq-len 4097 is beyond the model's max_position_embeddings 4096"),
+        (
+            ["--nodes", "2"],
+            "--bus-bw-gbps 100 is taken across 2 nodes too: inter-node links are usually slower, give theirs",
+        ),
+        (["--lora-r", "64", "--seq-len", "4096", "--nodes", "2", "--bus-bw-gbps", "25"], None),
+    ],
+)
+def test_cli_warns_of_values_a_run_would_not_want(argv, warning, tiny_model_path, capsys):
+    assert mb.main([str(tiny_model_path), *argv]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"warning: {warning}\n" if warning else ""), err
+
+
+def test_a_tp_report_speaks_of_each_gpus_share(capsys):
+    mb.main([str(CONFIG_12B), "--gpus-per-node", "8", "--tp", "2"])
+    assert "Strategy: DDP: one GPU's 1/2 of a replica (TP 2) needs " in capsys.readouterr().out
+
+
 def test_param_shapes_of_a_peft_model_are_those_of_its_base(tiny_model_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
