@@ -1088,7 +1088,9 @@ def main(argv=None) -> int:
     except ModelError as e:  # LoRA targets: known only once the shapes are
         text_only = "" if "text_config" in config else f"; in a text-only layout try --targets '{TEXT_ONLY_TARGETS}'"
         ap.error(f"{e}{text_only}")
-    except ValueError as e:  # no layout fits the target
+    except ValueError as e:  # the planner's: no layout fits the target (any other is a bug: its traceback)
+        if not args.memory_target_gib:
+            raise
         ap.error(f"--memory-target-gib {args.memory_target_gib:g}: {e}")
     for text in warnings_for(args, result, config):
         print(f"warning: {text}", file=sys.stderr)
