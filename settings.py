@@ -163,11 +163,14 @@ def record(values, sources: dict, asked, asked_sources: dict) -> dict:
 
 def show(settings: dict) -> str:
     """The constants grouped by source, so what the user and the planner chose stands out (a planner's choice
-    with what it replaced: `MICRO_BATCH=4 (env 1)`)."""
+    with what it replaced: `MICRO_BATCH=4 (env 1)`). Values are quoted as a shell would need them (a path with a
+    space, a regex), so a line pastes back as the environment it shows."""
 
     def shown(name: str, s: dict) -> str:
         was = s.get("replaced")
-        return f"{name}={s['value']}" + (f" ({was['source']} {was['value']})" if was else "")
+        return f"{name}={shlex.quote(str(s['value']))}" + (
+            f" ({was['source']} {shlex.quote(str(was['value']))})" if was else ""
+        )
 
     lines = []
     for source in ("env", "planner", "default"):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import re
+import shlex
 
 import pytest
 
@@ -66,6 +67,14 @@ def test_the_planners_choices_are_recorded_and_shown_as_planner_with_what_they_r
     accum, seed = asked.ACCUM_STEPS, asked.SEED
     assert lines[1] == f"settings (planner): MICRO_BATCH=2 (env 1) ACCUM_STEPS=4 (default {accum}) SEED={seed}"
     assert lines[2].startswith("settings (default): MODEL_ID=")
+
+
+def test_the_settings_lines_paste_back_as_the_environment_they_show():
+    env = {"OUTPUT_DIR": "/tmp/out 4", "LORA_TARGETS": r".*\.(q_proj|v_proj)", "EVAL_PATH": ""}
+    cfg, sources = settings.read(T.Config, T.ALLOWED, env)
+    lines = settings.show(settings.record(cfg, sources, cfg, sources)).splitlines()
+    (line,) = [line for line in lines if line.startswith("settings (env)")]
+    assert dict(word.split("=", 1) for word in shlex.split(line.removeprefix("settings (env): "))) == env
 
 
 def test_a_regex_that_does_not_compile_is_named():
