@@ -712,7 +712,8 @@ def plan_for_memory_target(
             return {"layout": layout, "accum": accum, "peak_bytes": peak}
     raise ValueError(
         f"no layout fits {target_gib} GiB per GPU at {seq_len} tokens: the smallest needs "
-        f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin); use FSDP or more GPUs"
+        f"{smallest / GiB:.1f} GiB (+{PREDICTION_MARGIN:.0%} margin). DDP keeps a whole replica on every GPU, so "
+        "more GPUs do not lower it: shorter rows (MAX_LEN), GPUs with more memory, or FSDP (which shards it)"
     )
 
 
