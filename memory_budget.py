@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from settings import GEMMA4_MODEL_TYPES
-
 GB, GiB = 1e9, 2**30
 # train_ddp.py's default LORA_TARGETS (tests/test_memory_budget.py keeps them equal): the text decoder's linear
 # layers. PEFT full-matches it against
@@ -137,6 +135,9 @@ class ModelError(ValueError):
 
 
 # text-config fields read beyond the weights' shapes (building from config.json would default them silently)
+# config.json model types of Gemma 4 (the text-only ones too); here, not in settings.py, so that this command line
+# does not pay torch's import
+GEMMA4_MODEL_TYPES = ("gemma4_unified", "gemma4", "gemma4_unified_text", "gemma4_text")
 TEXT_FIELDS = ("num_attention_heads", "num_key_value_heads")
 
 

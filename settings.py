@@ -25,6 +25,7 @@ import socket
 from pathlib import Path
 
 from guards import InputError
+from memory_budget import GEMMA4_MODEL_TYPES
 
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
@@ -178,9 +179,6 @@ def show(settings: dict) -> str:
         if chosen:
             lines.append(f"settings ({source}): {' '.join(chosen)}")
     return "\n".join(lines)
-
-
-GEMMA4_MODEL_TYPES = ("gemma4_unified", "gemma4", "gemma4_unified_text", "gemma4_text")
 
 
 def check_pattern(name: str, pattern: str) -> None:

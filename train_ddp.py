@@ -829,8 +829,9 @@ def main() -> None:
         t_save = time.perf_counter()
         path = save_adapter(model, run_config, progress, cfg.OUTPUT_DIR)
         seconds = log.saved(progress["step"], "adapter", since=t_save)
+        replicas = f" identical on all {world} ranks" if world > 1 else ""
         say(
-            f"adapter checksum {checksum} identical on all {world} ranks | saved to {path} in {seconds:.2f}s | "
+            f"adapter checksum {checksum}{replicas} | saved to {path} in {seconds:.2f}s | "
             f"{seconds_since_launch():.1f} s since launch"  # the whole run, as time_budget.py predicts it
         )
         say(where_everything_is(cfg.OUTPUT_DIR, path, cfg.MODEL_ID, cfg.MODEL_CONFIG))

@@ -398,6 +398,19 @@ def test_saved_activations_match_autograd_on_cpu(compiled):
 # ---------------------------------------------------------------- CLI
 
 
+def test_the_command_line_answers_a_usage_error_without_importing_torch():
+    # torch (about 1.5 s) is imported only where a model is built or read, not to parse options and refuse them
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "memory_budget.py"), "--gpus-per-node", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "--gpus-per-node" in run.stderr, run.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
+    assert "torch" not in imported, [name for name in imported if "torch" in name][:5]
+
+
 def test_cli_json(tiny_model_path):
     out = subprocess.run(
         [

@@ -598,6 +598,7 @@ def test_without_torchrun_it_says_how_to_launch_and_still_trains(tmp_path):
         "not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py\n"
     )
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
+    assert re.search(r"^adapter checksum [0-9a-f]{16} \| saved to ", run.stdout, re.M), run.stdout[-2000:]
 
 
 # ---------------------------------------------------------------- optimisations compute the same thing
