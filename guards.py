@@ -267,7 +267,8 @@ class GracefulStop:
     wait on the dead peer and never reach the end of the step: a signalled rank checks every 5 s, and
     a peer that stopped beating (HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun
     SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
-    (a cluster signals every process, torchrun its workers again) change nothing.
+    (a cluster signals every process, torchrun its workers again) change nothing. Under torchrun the
+    workers never see a Ctrl-C (they run in their own session): torchrun passes it on as SIGTERM.
     """
 
     GRACE_S, CHECK_S = 25.0, 5.0

@@ -8,7 +8,8 @@
   why (a full disk, with the space it needed) and keeps the previous one.
 - `checkpoint_to_resume()` / `finished()`: which checkpoint a run continues, and whether it is complete (or
   OUTPUT_DIR's adapter is another run's, which a fresh start would replace unasked).
-- `OutputLock`: one job per OUTPUT_DIR; a lock left by a dead job is taken over.
+- `OutputLock`: one job per OUTPUT_DIR; a lock left by a dead job is taken over, and so are the
+  half-written saves a killed job left (`remove_interrupted_saves()`).
 """
 
 import atexit
@@ -176,6 +177,27 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_interrupted_saves(output_dir: Path) -> list[str]:
+    """What publish_atomically() leaves when its job is killed mid-save (SIGKILL, a lost node): a half-written
+    .tmp-NAME, and, in the instant between its two renames, the previous version as .old-NAME. Called by the
+    job that holds OutputLock, so nothing else writes here: every .tmp-* is removed (a later save of the same
+    name would, but a preemption's step is not saved again), and an .old-NAME without its NAME is put back.
+    Returns what it did, one phrase per folder."""
+    done = []
+    for folder in (output_dir, output_dir / "checkpoints"):
+        for old in sorted(folder.glob(".old-*")):
+            final = old.with_name(old.name.removeprefix(".old-"))
+            if final.exists():
+                shutil.rmtree(old)
+            else:
+                old.rename(final)
+                done.append(f"{final} put back")
+        for tmp in sorted(folder.glob(".tmp-*")):
+            shutil.rmtree(tmp)
+            done.append(f"{tmp} removed")
+    return done
+
+
 def readable_size(n_bytes: float) -> str:
     """Bytes as a person reads them: 544 KiB, 1.2 MiB, 3.4 GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -334,7 +356,8 @@ class OutputLock:
 
     Taken with O_EXCL, so two jobs can never both hold it. A lock whose holder is gone is taken over:
     on the same host when its pid no longer runs; from another host when its holder has not refreshed
-    it (a thread does, every minute) for ten minutes. Released at exit.
+    it (a thread does, every minute) for ten minutes. Released at exit. Whoever takes it clears the saves a
+    killed job left half-written (remove_interrupted_saves).
     """
 
     REFRESH_S, STALE_AFTER_S = 60, 600
@@ -369,6 +392,8 @@ class OutputLock:
                 json.dump(self.me, f)
             atexit.register(self.release)
             threading.Thread(target=self._refresh, daemon=True, name="output-lock").start()
+            if cleared := remove_interrupted_saves(self.path.parent):
+                say(f"saves a killed job left half-written: {'; '.join(cleared)}")
             return self
         raise InputError(f"could not take {self.path}: another job keeps taking it")
 

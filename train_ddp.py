@@ -571,6 +571,23 @@ def evaluate(
     return {"eval_loss": loss / targets, "eval_ppl": math.exp(min(loss / targets, 50.0)), "eval_targets": int(targets)}
 
 
+def evaluate_if_due(
+    model: DDP, eval_set, collate, device, micro_batch: int, stop, progress: dict, log, stopping: bool
+) -> bool:
+    """The evaluation progress["eval_due"] asks for, unless the job is stopping (returns whether it is). One that a
+    stop skips stays due: it is saved with the checkpoint and runs first when the run resumes."""
+    if not progress.get("eval_due"):
+        return stopping
+    step = progress["step"]
+    what = "final evaluation" if step == log.total_steps else f"evaluation at step {step}"
+    if stopping or (metrics := evaluate(model, eval_set, collate, device, micro_batch, stop)) is None:
+        say(f"{what} skipped: stopped by {stop.by}")
+        return True
+    log.eval(step, metrics, final=step == log.total_steps)
+    progress["eval_due"] = False
+    return False
+
+
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: rank 0 writes (atomically, run_record.publish_atomically), every rank waits at a barrier
 def adapter_bytes(model: DDP) -> int:
@@ -758,6 +775,13 @@ def main() -> None:
         model.train()
         # a full micro-batch (packed: step 1's very shape)
         settle_buckets(model, train_collate([epochs[0][i] for i in range(cfg.MICRO_BATCH)]), device)
+        # the evaluation progress["eval_due"] asks for, bound to this run: evaluate_due(stopping) -> stopping
+        evaluate_due = functools.partial(
+            evaluate_if_due, model, eval_set, collate, device, cfg.MICRO_BATCH, stop, progress, log
+        )
+        if evaluate_due(stopping) and progress["step"] < total_steps:  # one a stop skipped: before anything else
+            say(f"stopped by {stop.by} before step {first_step}: {resume} still holds this state and resumes")
+            return
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of
         #    optimizer steps on every rank, so every collective below is entered by every rank.
@@ -786,13 +810,9 @@ def main() -> None:
                 log.step(step, epoch, loss_sum, counts, grad_norm, lr, skipped, step_time, t0 - t_data, micro_batches)
                 if cfg.DRIFT_CHECK_EVERY and step % cfg.DRIFT_CHECK_EVERY == 0:
                     guards.check_replicas_identical(model.module, step)  # all-gather of every rank's adapter checksum
-                if eval_set is not None and cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0 and not stopping:
-                    metrics = evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)
-                    stopping = metrics is None  # preempted during the evaluation: checkpoint as below
-                    if stopping:
-                        say(f"evaluation at step {step} skipped: stopped by {stop.by}")
-                    else:
-                        log.eval(step, metrics)
+                if eval_set is not None and (cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0 or step == total_steps):
+                    progress["eval_due"] = True  # in every checkpoint until it has run: a stop only postpones it
+                stopping = evaluate_due(stopping)  # preempted before or during it: checkpoint as below
                 preempted = stopping and step < total_steps  # every rank learnt it in the same all-reduce
                 periodic = cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps
                 if preempted or periodic or progress["epoch"] > epoch:
@@ -816,14 +836,8 @@ def main() -> None:
                 f"so it is not saved as the run's result"
             )
 
-        # 7. Final evaluation, drift check and the adapter (rank 0 writes, everyone waits at a barrier).
-        if eval_set is not None and not (cfg.EVAL_EVERY and progress["step"] % cfg.EVAL_EVERY == 0):  # else just done
-            if stopping or (metrics := evaluate(model, eval_set, collate, device, cfg.MICRO_BATCH, stop)) is None:
-                stopping = True
-                say(f"final evaluation skipped: stopped by {stop.by}")
-            else:
-                log.eval(progress["step"], metrics, final=True)
-        if stopping:  # preempted in the last step or an evaluation: the adapter is saved within torchrun's 30 s
+        # 7. Drift check and the adapter (rank 0 writes, everyone waits at a barrier).
+        if stopping:  # preempted in the last step or its evaluation: the adapter is saved within torchrun's 30 s
             stop.at_boundary.set()
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         t_save = time.perf_counter()

@@ -742,7 +742,7 @@ def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_r
 ):
     """A fresh start (RESUME='') over another run's later checkpoints sets them aside; a SIGTERM as step 3's
     evaluation starts ends the evaluation within a batch, step 3 is saved, and RESUME=auto continues this run
-    (not the other's step 6) to the reference's adapter."""
+    (not the other's step 6) to the reference's adapter, running step 3's evaluation first."""
     out = tmp_path / "out"
     copy_checkpoints(reference, out)  # steps 4 and 6: past anything this run writes before it stops
     run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="term@3@1", RESUME=""))
@@ -759,9 +759,16 @@ def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_r
     ), run.output[-4000:]
     assert [r["step"] for r in metrics(out) if "eval_loss" in r] == []  # the evaluation was abandoned
     assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002", "step-00000003"]
+    again = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="term@3@1"))  # stopped again, in that evaluation
+    assert again.returncode == 0 and resumed_step(again.output) == 3, again.output[-3000:]
+    assert re.search(r"stopped by another rank before step 4: \S+step-00000003 still holds this state", again.output)
+    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002", "step-00000003"]
     resumed = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
     assert resumed.returncode == 0 and resumed_step(resumed.output) == 3, resumed.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))
+    assert resumed.output.index("eval | step 3 |") < resumed.output.index("step 4 |"), resumed.output[-3000:]
+    evals = [[(r["step"], r["eval_loss"]) for r in metrics(o) if "eval_loss" in r] for o in (out, reference)]
+    assert evals[0] == evals[1] and len(evals[0]) == 2, evals  # steps 3 and 6, on the very same weights
 
 
 def test_sigterm_as_the_final_evaluation_starts_still_saves_the_adapter(tmp_path, data, reference):

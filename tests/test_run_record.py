@@ -179,6 +179,26 @@ def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
     assert not list(tmp_path.glob(".lock*"))  # the stale one too
 
 
+def test_taking_the_lock_clears_what_a_job_killed_mid_save_left(tmp_path, capsys):
+    """A kill between publish_atomically's two renames leaves the old adapter as .old-adapter and no adapter;
+    a kill while writing leaves a .tmp-step-N that no later save of that name may ever replace."""
+    ckpts = tmp_path / "checkpoints"
+    for folder, name in [(ckpts, ".tmp-step-00000005"), (ckpts, "step-00000003"), (ckpts, ".old-step-00000003")]:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "adapter_model.safetensors").write_bytes(name.encode())
+    (tmp_path / ".old-adapter").mkdir()
+    (tmp_path / ".old-adapter" / "run.json").write_text("{}")
+    (tmp_path / ".tmp-adapter").mkdir()
+    lock = run_record.OutputLock(str(tmp_path)).acquire()
+    lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "checkpoints"]
+    assert (tmp_path / "adapter" / "run.json").read_text() == "{}"  # the previous complete adapter, put back
+    assert [p.name for p in ckpts.iterdir()] == ["step-00000003"]
+    assert (ckpts / "step-00000003" / "adapter_model.safetensors").read_bytes() == b"step-00000003"
+    said = capsys.readouterr().out
+    assert f"{tmp_path / 'adapter'} put back" in said and f"{ckpts / '.tmp-step-00000005'} removed" in said, said
+
+
 def test_a_lock_from_another_host_is_stale_only_when_nobody_refreshes_it(tmp_path):
     path = tmp_path / ".lock"
     path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "then"}))
