@@ -92,7 +92,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         lineno, (j, token) = next(iter(control.items()))
         drop = " ".join(f"-e {shlex.quote(t)}" for t in sorted({t for _, t in control.values()}))
         raise InputError(
-            f"{path}:{lineno}: message {j} has {token!r} in its text, which the tokenizer reads as that control "
+            f"{path}:{lineno}: messages[{j}] has {token!r} in its text, which the tokenizer reads as that control "
             f"token, not as text; in {len(control)} row(s) (lines {first_lines(list(control))}): rewrite them, or "
             f"drop them: grep -vF {drop} {shlex.quote(path)} > OUT.jsonl"
         )
@@ -119,16 +119,16 @@ def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
     messages = row.get("messages") if isinstance(row, dict) else None
     if not isinstance(messages, list) or not messages:
         raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
-    messages = [checked_message(m, f"{where}: message {j}") for j, m in enumerate(messages)]
+    messages = [checked_message(m, f"{where}: messages[{j}]") for j, m in enumerate(messages)]
     if messages[0]["role"] == "assistant":
-        raise InputError(f"{where}: message 0 is from the assistant; a conversation starts with system or user")
+        raise InputError(f"{where}: messages[0] is from the assistant; a conversation starts with system or user")
     if not any(m["role"] == "assistant" for m in messages):
         raise InputError(f"{where}: no assistant message, nothing to train on")
     if j := next(
         (j for j in range(1, len(messages)) if messages[j - 1]["role"] == messages[j]["role"] == "assistant"), 0
     ):
         raise InputError(  # Gemma 4's template renders the second inside the first's turn: no answer of its own
-            f"{where}: messages {j - 1} and {j} are both from the assistant: merge them into one answer"
+            f"{where}: messages[{j - 1}] and [{j}] are both from the assistant: merge them into one answer"
         )
     if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
         raise InputError(f"{where}: every assistant message has weight 0, nothing to train on")
@@ -207,7 +207,7 @@ def checked_message(m, where: str) -> dict:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise InputError(
-                    f"{where}: content part {k} is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "
+                    f"{where}: content[{k}] is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "
                     f"can be trained on here: drop that part or the row"
                 )
         content = "\n".join(part["text"] for part in content)

@@ -98,15 +98,15 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
 @pytest.mark.parametrize(
     "row, error",
     [
-        ('{"messages": [{"role": "bot", "content": "x"}]}', "2: message 0: unknown role 'bot'"),
+        ('{"messages": [{"role": "bot", "content": "x"}]}', "2: messages[0]: unknown role 'bot'"),
         (
             '{"messages": [{"role": "user", "content": "x"}, {"role": "model", "content": "y"}]}',
-            "2: message 1: unknown role 'model' (expected one of system, user, assistant); Gemma's own name for "
+            "2: messages[1]: unknown role 'model' (expected one of system, user, assistant); Gemma's own name for "
             "'assistant': rename it",
         ),
         (
             '{"messages": [{"role": "User", "content": "x"}]}',
-            "2: message 0: unknown role 'User' (expected one of system, user, assistant); rename it 'user'",
+            "2: messages[0]: unknown role 'User' (expected one of system, user, assistant); rename it 'user'",
         ),
         ('{"messages": [{"role": "user", "content": "x"}]}', "2: no assistant message, nothing to train on"),
         ("{not json", "2: not valid JSON"),
@@ -122,21 +122,21 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         (
             '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Let me look.", '
             '"tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}',
-            "2: message 1: has 'tool_calls', which the chat template does not render; tool calls are not trained",
+            "2: messages[1]: has 'tool_calls', which the chat template does not render; tool calls are not trained",
         ),
         (
             '{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", '
             '"reasoning_content": "Two and two."}]}',
-            "2: message 1: has 'reasoning_content', which the chat template does not render; thinking traces",
+            "2: messages[1]: has 'reasoning_content', which the chat template does not render; thinking traces",
         ),
         (
             '{"messages": [{"role": "user", "content": "Hack it"}, {"role": "assistant", "content": null, '
             '"refusal": "I cannot help with that."}]}',
-            "2: message 1: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
+            "2: messages[1]: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
         ),
         (
             '{"messages": [{"role": "user", "content": "Hi", "weight": 0}, {"role": "assistant", "content": "Yo"}]}',
-            "2: message 0: 'weight' 0 on a user message; it is 0 or 1, on assistant messages",
+            "2: messages[0]: 'weight' 0 on a user message; it is 0 or 1, on assistant messages",
         ),
         (
             '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "weight": 0}]}',
@@ -144,7 +144,7 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         ),
         (
             '{"messages": [{"role": "user", "content": "a\\ud800b"}, {"role": "assistant", "content": "Yo"}]}',
-            "2: message 0: 'content' has a lone surrogate ('\\ud800' at character 2), which is not Unicode text",
+            "2: messages[0]: 'content' has a lone surrogate ('\\ud800' at character 2), which is not Unicode text",
         ),
         (
             '{"instruction": "Add", "input": "2, 2", "output": "4"}',
@@ -162,7 +162,7 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         (
             '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo."}, '
             '{"role": "assistant", "content": "How are you?"}]}',
-            "2: messages 1 and 2 are both from the assistant: merge them into one answer",
+            "2: messages[1] and [2] are both from the assistant: merge them into one answer",
         ),
     ],
     ids=[
@@ -241,7 +241,7 @@ def test_text_that_spells_a_control_token_is_refused_with_its_lines(tmp_path, to
     with pytest.raises(InputError) as e:
         chat_data.load_conversations(path, chat_data.control_tokens(tokenizer))
     assert str(e.value) == (
-        f"{path}:2: message 0 has '<turn|>' in its text, which the tokenizer reads as that control token, not as "
+        f"{path}:2: messages[0] has '<turn|>' in its text, which the tokenizer reads as that control token, not as "
         f"text; in 2 row(s) (lines 2, 4): rewrite them, or drop them: grep -vF -e '<eos>' -e '<turn|>' {path} "
         f"> OUT.jsonl"
     )
@@ -270,7 +270,7 @@ def test_text_parts_are_joined_and_other_parts_refused(tmp_path):
     row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": parts}]}
     assert chat_data.load_conversations(write_chat(tmp_path, row))[0][1]["content"] == "Hello\nthere."
     row["messages"][0]["content"] = [{"type": "image", "url": "cat.png"}]
-    with pytest.raises(InputError, match=r"chat\.jsonl:1: message 0: content part 0 is 'image'; only text parts"):
+    with pytest.raises(InputError, match=r"chat\.jsonl:1: messages\[0\]: content\[0\] is 'image'; only text parts"):
         chat_data.load_conversations(write_chat(tmp_path, row))
 
 

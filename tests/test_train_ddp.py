@@ -327,12 +327,12 @@ BAD_INPUTS = {
     "unknown-role": (
         lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}]),
         {},
-        r"x\.jsonl:1: message 0: unknown role 'bot'",
+        r"x\.jsonl:1: messages\[0\]: unknown role 'bot'",
     ),
     "assistant-first": (
         lambda d: write_rows(d / "x.jsonl", [{"messages": [{"role": "assistant", "content": "Hi"}]}]),
         {},
-        r"x\.jsonl:1: message 0 is from the assistant",
+        r"x\.jsonl:1: messages\[0\] is from the assistant",
     ),
     "empty-file": (lambda d: write_rows(d / "x.jsonl", []), {}, r"x\.jsonl: no examples"),
     "empty-data-path": (lambda d: "", {}, r"DATA_PATH='': allowed a chat JSONL file"),
@@ -345,7 +345,7 @@ BAD_INPUTS = {
             ],
         ),
         {},
-        r"x\.jsonl:21: message 0 has '<turn\|>' in its text, which the tokenizer reads as that control token",
+        r"x\.jsonl:21: messages\[0\] has '<turn\|>' in its text, which the tokenizer reads as that control token",
     ),
     "too-few-samples": (
         lambda d: write_rows(d / "x.jsonl", sample_rows(3)),
