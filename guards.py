@@ -117,8 +117,9 @@ class HangWatchdog(threading.Thread):
     2 s: a collective pending longer than the timeout (on gloo 5 s more: its own error comes first)
     ends the rank with the report. It also posts how many collectives this rank has entered to the
     rendezvous store (plain TCP), so a report can name the ranks that never joined, and beats there, so
-    peers can tell that this process still lives. When the store stops answering, the launcher that
-    holds it is gone: `stop` is asked to end the job after this step, with a checkpoint.
+    peers can tell that this process still lives. When the store stops answering, the process that holds it
+    is gone (torchrun's agent; rank 0 under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): `stop` is asked to end
+    the job after this step, and the store is not asked again (each failed call logs a page of C++ frames).
     """
 
     def __init__(self, rank: int, world: int, timeout_s: float, stop: "GracefulStop"):
@@ -131,6 +132,9 @@ class HangWatchdog(threading.Thread):
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
         )
         self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
+        self.store_gone = None  # the error of the call that found the store's host gone
+        sharing = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"  # torchrun's agent lends its store
+        self.store_host = "the launcher" if sharing else "rank 0"
         self.stopped = threading.Event()
         self.reporting = threading.Event()  # the main thread reports a failure: beat on, but leave the exit to it
         self.posted = None
@@ -145,22 +149,29 @@ class HangWatchdog(threading.Thread):
         entered = max((int(s["last_enqueued_collective"]) for s in trace.get("pg_status", {}).values()), default=0)
         return entries, entered
 
+    def ask_store(self, question, default=None):
+        """question(store), or `default` once the store has not answered: its host is gone for good."""
+        if self.store_gone is None:
+            try:
+                return question(self.store)
+            except (RuntimeError, OSError) as e:
+                self.store_gone = type(e).__name__
+        return default
+
     def run(self) -> None:
-        launcher_gone = False
+        loss_reported = False
         while not self.stopped.wait(2.0):
             pending, entered = self.state()
-            try:
-                if not launcher_gone:
-                    self.store.add(f"beats/{self.rank}", 1)
-                    if entered != self.posted:
-                        self.store.set(f"entered/{self.rank}", str(entered))
-                        self.posted = entered
-            except (RuntimeError, OSError) as e:  # the store lives in torchrun's agent: the launcher is gone
-                launcher_gone = True
-                self.graceful.request("the loss of the launcher")
+            self.ask_store(lambda store: store.add(f"beats/{self.rank}", 1))
+            if entered != self.posted:  # (once the store is gone, nothing is posted again)
+                self.ask_store(lambda store, count=str(entered): store.set(f"entered/{self.rank}", count))
+                self.posted = entered
+            if self.store_gone and not loss_reported:
+                loss_reported = True
+                self.graceful.request(f"the loss of {self.store_host}")
                 self.report(
-                    f"the launcher is gone (its store does not answer: {type(e).__name__}): "
-                    f"stopping after this step with a checkpoint ({self.position})"
+                    f"{self.store_host} is gone (the rendezvous store it holds does not answer: {self.store_gone}): "
+                    f"stopping after this step ({self.position})"
                 )
             stuck_s = (time.time_ns() - pending[0]["time_created_ns"]) / 1e9 if pending else 0
             if stuck_s > self.timeout_s + self.grace_s and not self.reporting.is_set():
@@ -185,23 +196,18 @@ class HangWatchdog(threading.Thread):
 
     def post_failure(self, line: str) -> None:
         """Tell the peers why this rank is ending (they print it: the root cause appears on every rank)."""
-        with contextlib.suppress(RuntimeError, OSError):  # the store's host may be gone too
-            self.store.set(f"failure/{self.store.add('failures', 1)}", f"rank {self.rank} failed: {line}")
+        self.ask_store(
+            lambda store: store.set(f"failure/{store.add('failures', 1)}", f"rank {self.rank} failed: {line}")
+        )
 
     def first_failure(self) -> str:
         """The first failure any rank posted ("" if none did): what the others' errors follow from."""
-        with contextlib.suppress(RuntimeError, OSError):
-            if self.store.add("failures", 0):
-                return self.store.get("failure/1").decode()
-        return ""
+        return self.ask_store(lambda store: store.get("failure/1").decode() if store.add("failures", 0) else "", "")
 
     def heartbeats(self) -> dict[int, int]:
         """Every rank's beat count: one that stops growing belongs to a process that is gone. ({} when the store
-        does not answer: the launcher, which holds it, is gone, and with it what tells a dead peer.)"""
-        try:
-            return {r: self.store.add(f"beats/{r}", 0) for r in range(self.world)}
-        except (RuntimeError, OSError):
-            return {}
+        does not answer: its host is gone, and with it what tells a dead peer.)"""
+        return self.ask_store(lambda store: {r: store.add(f"beats/{r}", 0) for r in range(self.world)}, {})
 
     def stopped_beating(self, before: dict[int, int], now: dict[int, int]) -> list[int]:
         """The peers whose beat did not grow from `before` to `now` (two heartbeats() readings)."""
@@ -223,19 +229,19 @@ class HangWatchdog(threading.Thread):
 
     def ranks_behind(self, seq: int) -> list[int] | str:
         """The ranks whose last posted collective number is below `seq`: they never entered it."""
-        try:
-            posted = {
-                r: int(self.store.get(f"entered/{r}")) for r in range(self.world) if self.store.check([f"entered/{r}"])
+        posted = self.ask_store(
+            lambda store: {
+                r: int(store.get(f"entered/{r}")) for r in range(self.world) if store.check([f"entered/{r}"])
             }
-        except (RuntimeError, OSError) as err:  # the store's host is gone too
-            return f"unknown ({type(err).__name__})"
+        )
+        if posted is None:
+            return f"unknown ({self.store_host}, which holds the store, is gone: {self.store_gone})"
         return [r for r in range(self.world) if posted.get(r, 0) < seq]
 
     def describe(self, e: dict) -> str:
         """One collective, the ranks that never entered it and where this rank's flight recorder is."""
         seq, age = e["collective_seq_id"], (time.time_ns() - e["time_created_ns"]) / 1e9
-        with contextlib.suppress(RuntimeError, OSError):  # the store's host may be gone too
-            self.store.set(f"entered/{self.rank}", str(self.state()[1]))  # this rank's own count, fresh
+        self.ask_store(lambda store: store.set(f"entered/{self.rank}", str(self.state()[1])))  # this rank's, fresh
         dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(self.rank))
         try:  # NCCL's own dump would come only at its backstop
             dump.write_bytes(flight_recorder(json_format=False))

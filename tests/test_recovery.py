@@ -156,7 +156,7 @@ class Job:
         )
 
     @classmethod
-    def two_nodes(cls, env: dict, node1_env: dict | None = None) -> list:
+    def two_nodes(cls, env: dict, node1_env: dict | None = None, *torchrun_args: str) -> list:
         """Two torchrun launches forming one job, one rank each; "node" 0 hosts the rendezvous store."""
         port = free_port()
         return [
@@ -169,6 +169,7 @@ class Job:
                 f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=two-nodes",
                 f"--rdzv-conf=is_host={int(n == 0)}",
+                *torchrun_args,
             )
             for n in (0, 1)
         ]
@@ -456,6 +457,19 @@ def test_killed_rank_on_another_node_makes_the_survivor_exit_with_its_stack(tmp_
     assert survivor.ended - t_death < int(RUN["DIST_TIMEOUT_S"]), f"took {survivor.ended - t_death:.1f}s"
     report = survivor.output[survivor.output.index("[rank 0] failed after optimizer step 2; last completed step: 2") :]
     assert "Traceback" in report and "RuntimeError" in report, survivor.output[-4000:]
+
+
+def test_a_lost_rank_0_and_its_store_are_named_once_and_the_restarted_nodes_resume(tmp_path, data, reference):
+    """README's several-nodes command: under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 rank 0's process holds the store
+    the ranks share. When it dies, the survivor says so (not "the launcher is gone") with one page of torch's C++
+    frames at most (each further call to the dead store would log another), and --max_restarts resumes the job."""
+    env = job_env(data, tmp_path / "out", FAULT="die@2@0", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    nodes = Job.two_nodes(env, None, "--max_restarts=1")
+    assert [node.wait(240) for node in nodes] == [0, 0], [node.output[-3000:] for node in nodes]
+    survivor = next(node.output for node in nodes if "[rank 1] rank 0 is gone" in node.output)
+    assert "[rank 1] rank 0 is gone (the rendezvous store it holds does not answer: " in survivor, survivor[-3000:]
+    assert "launcher" not in survivor and survivor.count("frame #0:") <= 1, survivor[-6000:]
+    assert_bitwise_equal(adapter(tmp_path / "out"), adapter(reference))
 
 
 @pytest.mark.parametrize("dump_folder", ["OUTPUT_DIR", "unwritable"])
@@ -833,7 +847,9 @@ def test_ranks_whose_launcher_is_killed_stop_with_a_checkpoint_that_resumes(tmp_
     job.reader.join(60)  # the output closes when the ranks and their workers are gone
     assert job.ended is not None and job.ended - t_kill < int(RUN["DIST_TIMEOUT_S"]), job.output[-3000:]
     for rank in (0, 1):
-        assert f"[rank {rank}] the launcher is gone (its store does not answer" in job.output, job.output[-3000:]
+        assert f"[rank {rank}] the launcher is gone (the rendezvous store it holds does not answer" in job.output, (
+            job.output[-3000:]
+        )
     stopped = re.search(r"stopped by the loss of the launcher after step (\d+): \S+ saved", job.output)
     assert stopped and int(stopped[1]) < 24, job.output[-3000:]
     assert run_record.damage(out / "checkpoints" / f"step-{int(stopped[1]):08d}") is None
