@@ -809,7 +809,7 @@ def format_report(result: dict) -> str:
     s, p = result["settings"], result["params"]
 
     def row(label: str, n: float) -> str:
-        return f"  {label:<56}{n / GB:>9.2f} GB{n / GiB:>9.2f} GiB"
+        return f"  {label:<56}{n / GB:>9.2f} GB {n / GiB:>8.2f} GiB"  # a space even between huge figures
 
     mode = (
         "full fine-tuning"
@@ -1005,6 +1005,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+PLANNED_OPTIONS = {  # what MEMORY_TARGET_GIB's planner chooses, by the option that sets it otherwise
+    "MICRO_BATCH": "micro_batch",
+    "ACCUM_STEPS": "accum",
+    "GRADIENT_CHECKPOINTING": "ckpt_every",
+    "CHECKPOINT_OFFLOAD": "ckpt_offload",
+    "CE_CHUNK_TOKENS": "ce_chunk_tokens",
+    "OPTIMIZER_OFFLOAD": "optimizer_offload",
+}
+
+
+def replaced_options(ap: argparse.ArgumentParser, args: argparse.Namespace, chosen: dict) -> list[str]:
+    """The options set on the command line (to other than their default) that the planner's `chosen` replaces."""
+    return [
+        f"--{dest.replace('_', '-')}" + ("" if isinstance(getattr(args, dest), bool) else f" {getattr(args, dest)}")
+        for name, dest in PLANNED_OPTIONS.items()
+        if getattr(args, dest) != ap.get_default(dest) and getattr(args, dest) != chosen[name]
+    ]
+
+
 def run_of(args: argparse.Namespace) -> SimpleNamespace:
     """The train_ddp.py settings the command line describes, by the constant names estimate_run and plan_run read."""
     return SimpleNamespace(
@@ -1097,8 +1116,11 @@ def main(argv=None) -> int:
     for text in warnings_for(args, result, config):
         print(f"warning: {text}", file=sys.stderr)
     if chosen:
-        result["plan"] = {"MEMORY_TARGET_GIB": args.memory_target_gib, **chosen}
-        line = f"planner: {line} with {' '.join(f'{k}={v}' for k, v in chosen.items())}\n"
+        replaced = replaced_options(ap, args, chosen)
+        result["plan"] = {"MEMORY_TARGET_GIB": args.memory_target_gib, **chosen, "replaced_options": replaced}
+        line = f"planner: {line} with {' '.join(f'{k}={v}' for k, v in chosen.items())}" + (
+            f" (replacing {', '.join(replaced)})\n" if replaced else "\n"
+        )
     print(json.dumps(result, indent=2) if args.json else f"{args.model}\n{line}{format_report(result)}")
     return 0
 

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -588,12 +589,31 @@ def test_cli_runs_the_trainers_planner_and_reproduces_the_readmes_predicted_rows
     assert f"micro-batch {chosen['MICRO_BATCH']} x 2048 tokens" in out  # the report is of the chosen layout
     assert mb.main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["plan"] == {"MEMORY_TARGET_GIB": target, **chosen} and round(r["peak_bytes"] / GiB, 1) == peak_gib
+    assert (
+        r["plan"] == {"MEMORY_TARGET_GIB": target, **chosen, "replaced_options": []}
+        and round(r["peak_bytes"] / GiB, 1) == peak_gib
+    )
     readme = (ROOT / "README.md").read_text()
     assert f"`MEMORY_TARGET_GIB={target}{' COMPILE_LAYERS=1' if compile_layers else ''}` | {peak_gib} GiB |" in readme
     assert (
         "Predicted rows: `python memory_budget.py configs/gemma-4-12b.json --memory-target-gib 75 --compile-" in readme
     )
+
+
+def test_cli_says_which_of_its_options_the_planner_replaced(capsys):
+    argv = [str(CONFIG_12B), "--memory-target-gib", "75", "--compile-layers", "--ckpt-every", "2", "--ckpt-offload"]
+    assert mb.main(argv) == 0
+    planner = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("planner:"))
+    assert "GRADIENT_CHECKPOINTING=0 CHECKPOINT_OFFLOAD=False" in planner  # 75 GiB needs neither, on the 12B
+    assert planner.endswith(" (replacing --ckpt-every 2, --ckpt-offload)"), planner
+    assert mb.main([*argv, "--micro-batch", "2", "--accum", "4", "--json"]) == 0  # kept: the planner keeps 2 x 4
+    assert json.loads(capsys.readouterr().out)["plan"]["replaced_options"] == ["--ckpt-every 2", "--ckpt-offload"]
+
+
+def test_huge_figures_keep_their_columns_apart(capsys):
+    assert mb.main([str(CONFIG_12B), "--gpus-per-node", "1000", "--seq-len", "10000000"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" GiB") and " GB" in line]
+    assert rows and all(re.fullmatch(r"  .+ +[\d.]+ GB +[\d.]+ GiB", row) for row in rows), rows
 
 
 def test_cli_planner_refusals_are_one_line(capsys):
