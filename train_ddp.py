@@ -575,8 +575,9 @@ def evaluate_if_due(
     model: DDP, eval_set, collate, device, micro_batch: int, stop, progress: dict, log, stopping: bool
 ) -> bool:
     """The evaluation progress["eval_due"] asks for, unless the job is stopping (returns whether it is). One that a
-    stop skips stays due: it is saved with the checkpoint and runs first when the run resumes."""
-    if not progress.get("eval_due"):
+    stop skips stays due: it is saved with the checkpoint and runs first when the run resumes (if EVAL_PATH is
+    still set: a resume may drop it)."""
+    if eval_set is None or not progress.get("eval_due"):
         return stopping
     step = progress["step"]
     what = "final evaluation" if step == log.total_steps else f"evaluation at step {step}"
