@@ -184,15 +184,15 @@ def remove_interrupted_saves(output_dir: Path) -> list[str]:
     name would, but a preemption's step is not saved again), and an .old-NAME without its NAME is put back.
     Returns what it did, one phrase per folder."""
     done = []
-    for folder in (output_dir, output_dir / "checkpoints"):
-        for old in sorted(folder.glob(".old-*")):
+    for folder, name in ((output_dir, "adapter"), (output_dir / "checkpoints", "step-*")):  # only what it writes
+        for old in sorted(folder.glob(f".old-{name}")):
             final = old.with_name(old.name.removeprefix(".old-"))
             if final.exists():
                 shutil.rmtree(old)
             else:
                 old.rename(final)
                 done.append(f"{final} put back")
-        for tmp in sorted(folder.glob(".tmp-*")):
+        for tmp in sorted(folder.glob(f".tmp-{name}")):
             shutil.rmtree(tmp)
             done.append(f"{tmp} removed")
     return done

@@ -189,9 +189,10 @@ def test_taking_the_lock_clears_what_a_job_killed_mid_save_left(tmp_path, capsys
     (tmp_path / ".old-adapter").mkdir()
     (tmp_path / ".old-adapter" / "run.json").write_text("{}")
     (tmp_path / ".tmp-adapter").mkdir()
+    (tmp_path / ".tmp-notes").mkdir()  # the user's own: not a name this script writes
     lock = run_record.OutputLock(str(tmp_path)).acquire()
     lock.release()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "checkpoints"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-notes", "adapter", "checkpoints"]
     assert (tmp_path / "adapter" / "run.json").read_text() == "{}"  # the previous complete adapter, put back
     assert [p.name for p in ckpts.iterdir()] == ["step-00000003"]
     assert (ckpts / "step-00000003" / "adapter_model.safetensors").read_bytes() == b"step-00000003"
