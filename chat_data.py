@@ -412,11 +412,13 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
 
 
 def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:
-    """What the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread
-    over the file (the same rows on every rank; this also checks the chat template), and with packing how full
-    the first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no row keeps a
-    target."""
+    """How many rows repeat an earlier one (each copy trains again: a file concatenated twice is a common slip);
+    what the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread over
+    the file (the same rows on every rank; this also checks the chat template); and with packing how full the
+    first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no row keeps a target."""
     rows, max_len = dataset.conversations, dataset.max_len
+    distinct = {tuple((m["role"], m["content"], m.get("weight", 1)) for m in messages) for messages in rows}
+    repeated = f" ({len(rows) - len(distinct)} repeat an earlier row exactly)" if len(distinct) < len(rows) else ""
     sample = rows[:: max(1, len(rows) // sample_size)]
     cut = targets = kept = no_target = 0
     for messages in sample:
@@ -435,7 +437,7 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
             f"come later): raise MAX_LEN"
         )
     return (
-        f"data: {len(rows)} rows; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "
+        f"data: {len(rows)} rows{repeated}; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "
         f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
         f"{len(epoch_data) - used_per_epoch} {'packed ' if epoch_data is not dataset else ''}rows per epoch left out "
         f"by drop_last" + (packing_fill(dataset, epoch_data) if epoch_data is not dataset else "")

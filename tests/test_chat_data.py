@@ -372,3 +372,16 @@ def test_a_tokenizer_without_a_chat_template_is_refused_by_name(tmp_path):
     (base / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match=rf"MODEL_ID '{base}': its tokenizer has no chat template .*gemma-4-12B-it"):
         chat_data.chat_tokenizer(str(base))
+
+
+def test_the_data_line_counts_rows_that_repeat_an_earlier_one(tmp_path, tokenizer):
+    rows = [json.loads(line) for line in SAMPLE_DATA.read_text().splitlines()[:5]]
+    reordered = {"messages": [dict(reversed(m.items())) for m in rows[1]["messages"]]}  # other key order: the same
+    weightless = {"messages": [*rows[2]["messages"][:-1], {**rows[2]["messages"][-1], "weight": 0}]}
+    path = write_chat(tmp_path, *rows, rows[0], reordered, rows[0], weightless)  # 3 repeats; weight 0 differs
+    dataset = chat_data.ChatDataset(chat_data.load_conversations(path), tokenizer, 2048, True)
+    assert chat_data.data_summary(dataset, dataset, 8, path).startswith(
+        "data: 9 rows (3 repeat an earlier row exactly); "
+    )
+    unique = chat_data.ChatDataset(dataset.conversations[:5], tokenizer, 2048, True)
+    assert chat_data.data_summary(unique, unique, 4, path).startswith("data: 5 rows; ")

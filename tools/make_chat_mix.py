@@ -1,11 +1,13 @@
-"""A realistic chat mix for packing benchmarks (issue 23), deterministic (seed 0):
+"""A realistic chat mix for packing benchmarks (issue 23) and for probing the data path, deterministic (seed 0):
 
-    python tools/make_chat_mix.py OUT.jsonl [ROWS] [--short]
+    python tools/make_chat_mix.py OUT.jsonl [ROWS] [--short] [--messy]
 
 Default: 50% short instructions (one user turn and its answer), 35% medium chats with a system turn, 15% long
 multi-turn chats (3-5 exchanges); 2,000 rows measure, in the tiny default's tokens, p10/median/p90/max
 208/460/1602/3472 and 5.5% longer than 2,048. --short: instructions only, 94/147/238/506.
-Words come from a small vocabulary.
+Words come from a small vocabulary. --messy adds what users' files hold (bench_results/chat-mix-probe): code
+blocks, markdown, non-Latin scripts, emoji and combining marks in 10% of the texts, answers given as text parts
+(15%), earlier answers of weight 0 (20%), 2% rows repeated exactly, CRLF line ends and a UTF-8 byte-order mark.
 """
 
 import json
@@ -16,6 +18,16 @@ WORDS = (
     "the a model data gradient token rank batch memory network device update adapter sequence value layer "
     "attention window training loss step answer question explain why how because therefore example result"
 ).split()
+MESSY = [
+    "```python\nfor step in range(10):\n    loss = model(batch)\n    loss.backward()\n```\n",
+    "\n\n## Heading\n- item one\n- item **two**\n",
+    "数据并行训练中每个进程读取自己的分片。",
+    "التدريب الموزع يقسم البيانات بين العمليات.",
+    "प्रत्येक रैंक अपना हिस्सा पढ़ता है।",
+    "🚀🔥 ready? ✅ done 👍🏽",
+    "e\u0301te\u0301 cafe\u0301 na\u0308ive",
+    "  trailing and leading blanks  ",
+]
 
 
 def text(rng: random.Random, words: int) -> str:
@@ -44,9 +56,30 @@ def conversation(rng: random.Random, short: bool) -> list[dict]:
     return turns
 
 
+def messy(rng: random.Random, messages: list[dict]) -> list[dict]:
+    """The same conversation as users' files hold it (its own random stream: the lengths stay the default's)."""
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for i, m in enumerate(messages):
+        if rng.random() < 0.1:
+            words = m["content"].split(" ")
+            words.insert(rng.randrange(len(words) + 1), rng.choice(MESSY))
+            m["content"] = " ".join(words)
+        if m["role"] == "assistant" and rng.random() < 0.15:
+            m["content"] = [{"type": "text", "text": m["content"]}, {"type": "text", "text": text(rng, 5)}]
+        if m["role"] == "assistant" and i != answers[-1] and rng.random() < 0.2:
+            m["weight"] = 0  # an earlier answer kept as context only (the last one always trains)
+    return messages
+
+
 if __name__ == "__main__":
     out, rows = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 2000
-    rng = random.Random(0)
-    with open(out, "w") as f:
-        for _ in range(rows):
-            f.write(json.dumps({"messages": conversation(rng, "--short" in sys.argv)}) + "\n")
+    rng, mess = random.Random(0), random.Random(1)
+    lines = [{"messages": conversation(rng, "--short" in sys.argv)} for _ in range(rows)]
+    if "--messy" in sys.argv:
+        lines = [{"messages": messy(mess, row["messages"])} for row in lines]
+        for i in mess.sample(range(rows), rows // 50):
+            lines[i] = lines[mess.randrange(rows)]
+    end = "\r\n" if "--messy" in sys.argv else "\n"
+    with open(out, "w", newline="") as f:
+        f.write("\ufeff" if "--messy" in sys.argv else "")
+        f.writelines(json.dumps(row, ensure_ascii=i % 2 == 0) + end for i, row in enumerate(lines))
