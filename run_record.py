@@ -180,9 +180,9 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
 def remove_interrupted_saves(output_dir: Path) -> list[str]:
     """What publish_atomically() leaves when its job is killed mid-save (SIGKILL, a lost node): a half-written
     .tmp-NAME, and, in the instant between its two renames, the previous version as .old-NAME. Called by the
-    job that holds OutputLock, so nothing else writes here: every .tmp-* is removed (a later save of the same
-    name would, but a preemption's step is not saved again), and an .old-NAME without its NAME is put back.
-    Returns what it did, one phrase per folder."""
+    job that holds OutputLock, so nothing else writes here: each such .tmp- folder is removed (a later save of
+    the same name would, but a preemption's step is not saved again), and an .old- one whose NAME is missing is
+    put back. Returns what it did, one phrase per folder it removed or put back."""
     done = []
     for folder, name in ((output_dir, "adapter"), (output_dir / "checkpoints", "step-*")):  # only what it writes
         for old in sorted(folder.glob(f".old-{name}")):
