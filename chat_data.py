@@ -189,22 +189,27 @@ NOT_RENDERED = {
 def checked_message(m, where: str) -> dict:
     """One message as {"role", "content": str, ...}; content parts ([{"type": "text", "text": ...}]) joined.
     OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
-    if not isinstance(m, dict) or m.get("role") not in ROLES:
-        role = m.get("role") if isinstance(m, dict) else m
+    if not isinstance(m, dict):
+        raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
+    if m.get("role") not in ROLES:
+        role = m.get("role")
         known = str(role).lower()
         hint = f"; {OTHER_ROLES[known]}" if known in OTHER_ROLES else f"; rename it {known!r}" if known in ROLES else ""
         raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)}){hint}")
     if field := next((f for f in NOT_RENDERED if m.get(f)), None):
         raise InputError(f"{where}: has {field!r}, which the chat template does not render; {NOT_RENDERED[field]}")
     if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1)):
+        on = "" if m["role"] == "assistant" else f" on a {m['role']} message"
         raise InputError(
-            f"{where}: 'weight' {m['weight']!r} on a {m['role']} message; it is 0 or 1, on assistant messages "
+            f"{where}: 'weight' {m['weight']!r}{on}; it is 0 or 1, on assistant messages "
             f"(0: the answer is context, not trained on)"
         )
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if isinstance(part, dict) and part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise InputError(f"{where}: content[{k}] is a text part whose 'text' is not a string")
+            if not (isinstance(part, dict) and part.get("type") == "text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise InputError(
                     f"{where}: content[{k}] is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "

@@ -164,6 +164,18 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             '{"role": "assistant", "content": "How are you?"}]}',
             "2: messages[1] and [2] are both from the assistant: merge them into one answer",
         ),
+        (
+            '{"messages": ["Hi", {"role": "assistant", "content": "Yo"}]}',
+            "2: messages[0]: \"Hi\" is not a message: expected {'role': ..., 'content': ...}",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "weight": 2}]}',
+            "2: messages[1]: 'weight' 2; it is 0 or 1, on assistant messages",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text"}]}]}',
+            "2: messages[1]: content[0] is a text part whose 'text' is not a string",
+        ),
     ],
     ids=[
         "role",
@@ -184,6 +196,9 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "conversational-prompt-completion",
         "preference",
         "two-answers-in-a-row",
+        "message-not-an-object",
+        "weight-2",
+        "text-part-without-text",
     ],
 )
 def test_a_bad_row_is_named_by_file_line_and_field(tmp_path, row, error):
