@@ -57,7 +57,11 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     for magic, what in NOT_JSONL.items():
         if data.startswith(magic):
             raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
-    lines = data.removeprefix(codecs.BOM_UTF8).splitlines()
+    data = data.removeprefix(codecs.BOM_UTF8)
+    # Lines end at LF, as grep -n and sed -n count them: splitlines() also broke at every CR, so a row ending in
+    # CR CR LF (CRLF text written again in Windows text mode) or a raw CR inside a string shifted every later line
+    # number named. A file of CR-only line ends (classic Mac) is split at its CRs.
+    lines = data.split(b"\n") if b"\n" in data else data.split(b"\r")
     control_text = any_of(control_tokens)
     rows, bad, empty, control = [], {}, [], {}  # bad: {line: error}; control: {line: (message, token it spells)}
     for lineno, raw in enumerate(lines, 1):

@@ -224,6 +224,26 @@ def test_a_byte_order_mark_is_skipped(tmp_path):
     assert chat_data.load_conversations(path) == [chat("Hi", "Hello")["messages"]]
 
 
+def test_line_numbers_count_line_feeds_as_grep_and_sed_do(tmp_path):
+    """A CR is no line end of its own: rows ending in CR CR LF (CRLF text written again in Windows text mode), or a
+    raw CR inside a string, made every later line number named point past the row grep -n and sed -n show."""
+    bot = {"messages": [{"role": "bot", "content": "x"}]}
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\r\r\n" for r in (chat("a", "b"), chat("c", "d"), bot)))
+    with pytest.raises(InputError, match=r"chat\.jsonl:3: messages\[0\]: unknown role 'bot'"):
+        chat_data.load_conversations(str(path))
+    raw_cr = json.dumps(chat("a", "one\rtwo")).replace("\\r", "\r").encode()
+    path.write_bytes(raw_cr + b"\n" + json.dumps(bot).encode() + b"\n")
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    assert str(e.value) == (
+        f"{path}:1: not valid JSON (Invalid control character at column 86); a raw tab or line break inside a "
+        f"string: write it escaped (\\t, \\n) (and 1 more bad row(s): lines 2)"
+    )
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\r" for r in (chat("a", "b"), chat("c", "d"))))
+    assert len(chat_data.load_conversations(str(path))) == 2  # classic Mac line ends: split at the CRs
+
+
 @pytest.mark.parametrize(
     "pack, named",
     [
