@@ -431,16 +431,15 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     sample = rows[:: max(1, len(rows) // sample_size)]
     cut = targets = kept = no_target = 0
     for messages in sample:
-        labels = tokenize_conversation(dataset.tokenizer, messages, 1 << 30, dataset.assistant_only)["labels"]
-        row_targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
-        row_kept = sum(label != IGNORE_INDEX for label in labels[1:max_len])
+        row_cut, row_targets, row_kept = row_targets_kept(dataset, messages)
         cut, targets, kept, no_target = (
-            cut + (len(labels) > max_len),
+            cut + row_cut,
             targets + row_targets,
             kept + row_kept,
             no_target + (row_kept == 0),
         )
-    if kept == 0:
+    # none sampled keeps one: every row is looked at before stopping, as the few that do may lie between samples
+    if kept == 0 and not any(row_targets_kept(dataset, messages)[2] for messages in rows):
         raise InputError(
             f"{path}: no row keeps a target token within MAX_LEN={max_len} (the assistant turns "
             f"come later): raise MAX_LEN"
@@ -451,6 +450,13 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
         f"{len(epoch_data) - used_per_epoch} {'packed ' if epoch_data is not dataset else ''}rows per epoch left out "
         f"by drop_last" + (packing_fill(dataset, epoch_data) if epoch_data is not dataset else "")
     )
+
+
+def row_targets_kept(dataset: ChatDataset, messages: list[dict]) -> tuple[bool, int, int]:
+    """(whether the row is longer than max_len, its target tokens, those within max_len)."""
+    labels = tokenize_conversation(dataset.tokenizer, messages, 1 << 30, dataset.assistant_only)["labels"]
+    targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
+    return len(labels) > dataset.max_len, targets, sum(label != IGNORE_INDEX for label in labels[1 : dataset.max_len])
 
 
 def packing_fill(dataset: ChatDataset, packed) -> str:

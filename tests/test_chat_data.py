@@ -420,3 +420,17 @@ def test_the_data_line_counts_rows_that_repeat_an_earlier_one(tmp_path, tokenize
     )
     unique = chat_data.ChatDataset(dataset.conversations[:5], tokenizer, 2048, True)
     assert chat_data.data_summary(unique, unique, 4, path).startswith("data: 5 rows; ")
+
+
+def test_the_job_stops_for_want_of_targets_only_when_no_row_at_all_keeps_one(tokenizer):
+    """The summary samples rows; the stop ('no row keeps a target token') must not: a row between the samples that
+    keeps its answer within MAX_LEN was said not to exist, and the job stopped."""
+    long_prompt = [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "Late."}]
+    short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+    dataset = chat_data.ChatDataset([long_prompt, short, long_prompt, long_prompt], tokenizer, 32, True)
+    line = chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)  # samples rows 0 and 2
+    assert line.startswith("data: 4 rows; of 2 sampled, 2 longer than MAX_LEN=32 (")
+    assert ", 2 with no target left;" in line
+    dataset.conversations[1] = long_prompt
+    with pytest.raises(InputError, match=r"chat\.jsonl: no row keeps a target token within MAX_LEN=32"):
+        chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)
