@@ -262,6 +262,27 @@ def test_a_compressed_or_utf16_file_is_named_for_what_it_is(tmp_path, pack, name
     assert str(e.value) == f"{path}: not JSON Lines but {named}{path} > OUT.jsonl"
 
 
+@pytest.mark.parametrize(
+    "data, named",
+    [
+        (
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 90902539\n",
+            "a Git LFS pointer (cloned without git-lfs): git lfs pull, or download the file itself",
+        ),
+        (b"<!DOCTYPE html>\n<html lang='en'>\n", "an HTML page (a web page saved): download the raw file"),
+    ],
+    ids=["git-lfs-pointer", "html-page"],
+)
+def test_what_a_download_gives_instead_of_the_data_is_named_for_what_it_is(tmp_path, data, named):
+    """A dataset repository cloned without git-lfs leaves a pointer, a page's URL a web page: each read as rows that
+    are 'not valid JSON (Expecting value at column 1)', which says nothing of why."""
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    assert str(e.value) == f"{path}: not JSON Lines but {named}"
+
+
 def test_text_that_spells_a_control_token_is_refused_with_its_lines(tmp_path, tokenizer):
     """In a message's text "<turn|>" would become the real end-of-turn token (a fake turn), "<eos>" the end of
     text: the tokenizer reads them as control tokens. Said with every row's line, before anything trains."""
