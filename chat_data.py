@@ -52,10 +52,10 @@ NOT_JSONL = {
 
 def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts; the first
-    bad row is named, with the count and lines of the others. A UTF-8 byte-order mark is skipped; content given
-    as a list of text parts is joined (one part per line). Text that spells one of the tokenizer's
-    `control_tokens` (control_tokens()) is refused: the tokenizer would read it as that token, a fake turn or end
-    of text inside a message."""
+    bad row is named, with the count and lines of the others. A UTF-8 byte-order mark is skipped (at the start of
+    any line: files joined with cat keep theirs); content given as a list of text parts is joined (one part per
+    line). Text that spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer
+    would read it as that token, a fake turn or end of text inside a message."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -63,7 +63,6 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     for magic, what in NOT_JSONL.items():
         if data.startswith(magic):
             raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
-    data = data.removeprefix(codecs.BOM_UTF8)
     # Lines end at LF, as grep -n and sed -n count them: splitlines() also broke at every CR, so a row ending in
     # CR CR LF (CRLF text written again in Windows text mode) or a raw CR inside a string shifted every later line
     # number named. A file of CR-only line ends (classic Mac) is split at its CRs.
@@ -71,6 +70,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     control_text = any_of(control_tokens)
     rows, bad, empty, control = [], {}, [], {}  # bad: {line: error}; control: {line: (message, token it spells)}
     for lineno, raw in enumerate(lines, 1):
+        raw = raw.removeprefix(codecs.BOM_UTF8)
         if not raw.strip():
             continue
         if not rows and not bad and raw.lstrip().startswith(b"["):

@@ -7,6 +7,7 @@ import json
 import random
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_DATA, TINY_MODEL
@@ -242,6 +243,15 @@ def test_line_numbers_count_line_feeds_as_grep_and_sed_do(tmp_path):
     )
     path.write_bytes(b"".join(json.dumps(r).encode() + b"\r" for r in (chat("a", "b"), chat("c", "d"))))
     assert len(chat_data.load_conversations(str(path))) == 2  # classic Mac line ends: split at the CRs
+
+
+def test_a_byte_order_mark_is_skipped_where_cat_joined_two_files(tmp_path):
+    """Notepad and other Windows tools save UTF-8 with a BOM: `cat a.jsonl b.jsonl` keeps b's at the start of a
+    line, which was refused as 'not valid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig) ...)'."""
+    first = write_chat(tmp_path, chat("Hi", "Hello"), prefix=codecs.BOM_UTF8)
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(Path(first).read_bytes() * 2)
+    assert chat_data.load_conversations(str(joined)) == [chat("Hi", "Hello")["messages"]] * 2
 
 
 @pytest.mark.parametrize(
