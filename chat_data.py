@@ -246,6 +246,14 @@ def json_hint(line: str, error: json.JSONDecodeError, path: str) -> str:
     """What a line that is not JSON most likely is, and what to do."""
     if line.lstrip().startswith(("//", "#")):
         return "; a comment line: JSON Lines has no comments, delete it"
+    if error.msg == "Extra data":  # a whole object, then more: what a hand-made conversion leaves
+        rest = line[error.pos :].strip()
+        if rest == ",":
+            return (
+                f"; a comma after the object (left from a JSON array): sed 's/,\\s*$//' {shlex.quote(path)} > OUT.jsonl"
+            )
+        if rest.startswith("{"):
+            return "; a second object on the same line: each row goes on its own line"
     if "control character" in error.msg:
         return "; a raw tab or line break inside a string: write it escaped (\\t, \\n)"
     if line.strip() in ("{", "}") or re.match(r'\s*"[^"]*"\s*:', line):

@@ -254,6 +254,25 @@ def test_a_byte_order_mark_is_skipped_where_cat_joined_two_files(tmp_path):
     assert chat_data.load_conversations(str(joined)) == [chat("Hi", "Hello")["messages"]] * 2
 
 
+def test_what_follows_a_row_on_its_line_is_named(tmp_path):
+    """A JSON array turned into lines by hand keeps a comma after each row; two rows can lose the line break
+    between them: both were only 'Extra data at column 90'."""
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(b"".join(json.dumps(chat("Hi", "Ok")).encode() + b",\r\n" for _ in range(3)))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    assert str(e.value) == (
+        f"{path}:1: not valid JSON (Extra data at column 90); a comma after the object (left from a JSON array): "
+        f"sed 's/,\\s*$//' {path} > OUT.jsonl (and 2 more bad row(s): lines 2, 3)"
+    )
+    fixed = subprocess.run(["sed", r"s/,\s*$//", str(path)], capture_output=True, check=True).stdout
+    (tmp_path / "fixed.jsonl").write_bytes(fixed)  # the command it gives mends the file
+    assert len(chat_data.load_conversations(str(tmp_path / "fixed.jsonl"))) == 3
+    path.write_text(json.dumps(chat("Hi", "Ok")) * 2 + "\n")
+    with pytest.raises(InputError, match=r"Extra data at column 90\); a second object on the same line: each row"):
+        chat_data.load_conversations(str(path))
+
+
 @pytest.mark.parametrize(
     "pack, named",
     [
