@@ -440,7 +440,7 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     the file (the same rows on every rank; this also checks the chat template); and with packing how full the
     first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no row keeps a target."""
     rows, max_len = dataset.conversations, dataset.max_len
-    distinct = {tuple((m["role"], m["content"], m.get("weight", 1)) for m in messages) for messages in rows}
+    distinct = set(map(row_key, rows))
     repeated = f" ({len(rows) - len(distinct)} repeat an earlier row exactly)" if len(distinct) < len(rows) else ""
     sample = rows[:: max(1, len(rows) // sample_size)]
     cut = targets = kept = no_target = 0
@@ -463,6 +463,24 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
         f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
         f"{len(epoch_data) - used_per_epoch} {'packed ' if epoch_data is not dataset else ''}rows per epoch left out "
         f"by drop_last" + (packing_fill(dataset, epoch_data) if epoch_data is not dataset else "")
+    )
+
+
+def row_key(messages: list[dict]) -> tuple:
+    """A row as it is trained on (roles, texts with their parts joined, weights), whatever its key order."""
+    return tuple((m["role"], m["content"], m.get("weight", 1)) for m in messages)
+
+
+def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: str) -> str:
+    """A warning when rows of the evaluation data (`path`) are exact copies of training rows: their loss is of
+    answers trained on, which reads as a model better than it is (a split made after copies were in the data)."""
+    trained = set(map(row_key, train))
+    n = sum(row_key(messages) in trained for messages in held_out)
+    if not n:
+        return ""
+    return (
+        f"warning: {path}: {n} of its {len(held_out)} rows are exact copies of DATA_PATH rows, not held out: "
+        f"their loss is on answers trained on"
     )
 
 

@@ -38,7 +38,15 @@ import guards
 import memory_budget
 import run_record
 import settings
-from chat_data import ChatDataset, chat_tokenizer, control_tokens, data_summary, lengths_file, load_conversations
+from chat_data import (
+    ChatDataset,
+    chat_tokenizer,
+    control_tokens,
+    data_summary,
+    held_out_copies,
+    lengths_file,
+    load_conversations,
+)
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
 from lm_loss import CausalLMLoss
@@ -708,6 +716,8 @@ def main() -> None:
     total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
     say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
+    if eval_conversations and (copies := held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH)):
+        say(copies)
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
     run_config = {

@@ -484,3 +484,38 @@ def test_the_job_stops_for_want_of_targets_only_when_no_row_at_all_keeps_one(tok
     dataset.conversations[1] = long_prompt
     with pytest.raises(InputError, match=r"chat\.jsonl: no row keeps a target token within MAX_LEN=32"):
         chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)
+
+
+def test_the_summary_counts_rows_that_repeat_an_earlier_row_exactly(tmp_path, tokenizer):
+    """Exports often carry exact copies (3% of the data probe's mix): each is trained on again, and the line said
+    nothing. Counted over every row, not the sample; the same answer in text parts is the same row."""
+    parts = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": [{"type": "text", "text": "b"}]},
+        ]
+    }
+    rows = chat_data.load_conversations(write_chat(tmp_path, chat("a", "b"), chat("c", "d"), chat("a", "b"), parts))
+    dataset = chat_data.ChatDataset(rows, tokenizer, 64, True)
+    line = chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=1)
+    assert line.startswith("data: 4 rows (2 repeat an earlier row exactly); ")
+    dataset = chat_data.ChatDataset(rows[:2], tokenizer, 64, True)
+    assert "repeat" not in chat_data.data_summary(dataset, dataset, 2, "chat.jsonl")
+
+
+def test_evaluation_rows_that_copy_training_rows_are_counted(tmp_path):
+    """A held-out split made after copies were in the data shares rows with the training data: its loss is then
+    partly on answers trained on, and nothing said so. The same answer in text parts is the same row."""
+    train = chat_data.load_conversations(write_chat(tmp_path, chat("a", "b"), chat("c", "d"), chat("e", "f")))
+    parts = {
+        "messages": [
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": [{"type": "text", "text": "d"}]},
+        ]
+    }
+    held_out = chat_data.load_conversations(write_chat(tmp_path, chat("a", "b"), parts, chat("x", "y")))
+    assert chat_data.held_out_copies(train, held_out, "eval.jsonl") == (
+        "warning: eval.jsonl: 2 of its 3 rows are exact copies of DATA_PATH rows, not held out: their loss is on "
+        "answers trained on"
+    )
+    assert chat_data.held_out_copies(train, held_out[2:], "eval.jsonl") == ""
