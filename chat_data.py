@@ -438,7 +438,8 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     """How many rows repeat an earlier one (each copy trains again: a file concatenated twice is a common slip);
     what the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread over
     the file (the same rows on every rank; this also checks the chat template); and with packing how full the
-    first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no row keeps a target."""
+    first epoch's rows are (`epoch_data`: its packed rows, else the dataset). Stops when no sampled row keeps a
+    target."""
     rows, max_len = dataset.conversations, dataset.max_len
     distinct = set(map(row_key, rows))
     repeated = f" ({len(rows) - len(distinct)} repeat an earlier row exactly)" if len(distinct) < len(rows) else ""
@@ -452,11 +453,11 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
             kept + row_kept,
             no_target + (row_kept == 0),
         )
-    # none sampled keeps one: every row is looked at before stopping, as the few that do may lie between samples
-    if kept == 0 and not any(row_targets_kept(dataset, messages)[2] for messages in rows):
+    if kept == 0:  # said of the rows looked at: a few between the samples may keep one (too few to train on)
+        rows_seen = "no row keeps" if len(sample) == len(rows) else f"none of {len(sample)} rows sampled keeps"
         raise InputError(
-            f"{path}: no row keeps a target token within MAX_LEN={max_len} (the assistant turns "
-            f"come later): raise MAX_LEN"
+            f"{path}: {rows_seen} a target token within MAX_LEN={max_len} (the assistant turns come later): "
+            f"raise MAX_LEN"
         )
     return (
         f"data: {len(rows)} rows{repeated}; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "

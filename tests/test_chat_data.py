@@ -472,18 +472,25 @@ def test_the_data_line_counts_rows_that_repeat_an_earlier_one(tmp_path, tokenize
     assert chat_data.data_summary(unique, unique, 4, path).startswith("data: 5 rows; ")
 
 
-def test_the_job_stops_for_want_of_targets_only_when_no_row_at_all_keeps_one(tokenizer):
-    """The summary samples rows; the stop ('no row keeps a target token') must not: a row between the samples that
-    keeps its answer within MAX_LEN was said not to exist, and the job stopped."""
+def test_the_stop_for_want_of_targets_says_it_looked_at_a_sample(tokenizer):
+    """The summary samples rows: 'no row keeps a target token' was said of rows never looked at, while a row
+    between the samples kept its answer within MAX_LEN. Said of the sample (all rows looked at would take a full
+    pass, 150 s per 100k rows, before the error a MAX_LEN typo gets)."""
     long_prompt = [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "Late."}]
     short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
     dataset = chat_data.ChatDataset([long_prompt, short, long_prompt, long_prompt], tokenizer, 32, True)
-    line = chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)  # samples rows 0 and 2
-    assert line.startswith("data: 4 rows; of 2 sampled, 2 longer than MAX_LEN=32 (")
-    assert ", 2 with no target left;" in line
+    with pytest.raises(InputError) as e:
+        chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)  # samples rows 0 and 2
+    assert str(e.value) == (
+        "chat.jsonl: none of 2 rows sampled keeps a target token within MAX_LEN=32 (the assistant turns come "
+        "later): raise MAX_LEN"
+    )
+    line = chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=4)  # every row looked at
+    assert line.startswith("data: 4 rows (2 repeat an earlier row exactly); of 4 sampled, 3 longer than MAX_LEN=32")
+    assert ", 3 with no target" in line
     dataset.conversations[1] = long_prompt
-    with pytest.raises(InputError, match=r"chat\.jsonl: no row keeps a target token within MAX_LEN=32"):
-        chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=2)
+    with pytest.raises(InputError, match=r"^chat\.jsonl: no row keeps a target token within MAX_LEN=32 \("):
+        chat_data.data_summary(dataset, dataset, 4, "chat.jsonl", sample_size=4)
 
 
 def test_the_summary_counts_rows_that_repeat_an_earlier_row_exactly(tmp_path, tokenizer):
