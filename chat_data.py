@@ -41,6 +41,8 @@ NOT_JSONL = {
     b"\x00\x00\xfe\xff": "UTF-32 text: iconv -f UTF-32 -t UTF-8 FILE > OUT.jsonl",
     b"\xff\xfe": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
     b"\xfe\xff": "UTF-16 text: iconv -f UTF-16 -t UTF-8 FILE > OUT.jsonl",
+    b"{\x00": "UTF-16 text without a byte-order mark: iconv -f UTF-16LE -t UTF-8 FILE > OUT.jsonl",  # a row's '{'
+    b"\x00{": "UTF-16 text without a byte-order mark: iconv -f UTF-16BE -t UTF-8 FILE > OUT.jsonl",
     # what a download or clone gives instead of the data
     b"version https://git-lfs.github.com/spec/": "a Git LFS pointer (cloned without git-lfs): git lfs pull, or "
     "download the file itself",

@@ -280,6 +280,14 @@ def test_what_follows_a_row_on_its_line_is_named(tmp_path):
         (bz2.compress, "bzip2-compressed: bzip2 -dc "),
         (lambda data: data.decode().encode("utf-16"), "UTF-16 text: iconv -f UTF-16 -t UTF-8 "),
         (lambda data: data.decode().encode("utf-32"), "UTF-32 text: iconv -f UTF-32 -t UTF-8 "),
+        (
+            lambda data: data.decode().encode("utf-16-le"),  # was 'not valid JSON (Expecting property name ...)'
+            "UTF-16 text without a byte-order mark: iconv -f UTF-16LE -t UTF-8 ",
+        ),
+        (
+            lambda data: data.decode().encode("utf-16-be"),
+            "UTF-16 text without a byte-order mark: iconv -f UTF-16BE -t UTF-8 ",
+        ),
     ],
 )
 def test_a_compressed_or_utf16_file_is_named_for_what_it_is(tmp_path, pack, named):
