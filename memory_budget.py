@@ -1005,7 +1005,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-PLANNED_OPTIONS = {  # what MEMORY_TARGET_GIB's planner chooses, by the option that sets it otherwise
+PLANNED_OPTIONS = {  # the layout MEMORY_TARGET_GIB's planner chooses: constant -> the option that sets it otherwise
     "MICRO_BATCH": "micro_batch",
     "ACCUM_STEPS": "accum",
     "GRADIENT_CHECKPOINTING": "ckpt_every",
@@ -1031,12 +1031,7 @@ def run_of(args: argparse.Namespace) -> SimpleNamespace:
         MODEL_CONFIG="",
         MEMORY_TARGET_GIB=args.memory_target_gib,
         MAX_LEN=args.seq_len,
-        MICRO_BATCH=args.micro_batch,
-        ACCUM_STEPS=args.accum,
-        GRADIENT_CHECKPOINTING=args.ckpt_every,
-        CHECKPOINT_OFFLOAD=args.ckpt_offload,
-        CE_CHUNK_TOKENS=args.ce_chunk_tokens,
-        OPTIMIZER_OFFLOAD=args.optimizer_offload,
+        **{name: getattr(args, dest) for name, dest in PLANNED_OPTIONS.items()},
         LORA_R=args.lora_r,
         LORA_TARGETS=args.targets,
         LORA_DROPOUT=args.lora_dropout,
