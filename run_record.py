@@ -51,15 +51,15 @@ TRAINING = (
     "SEED",
 )
 # ... of which these make a checkpoint unusable whatever the user allows: the adapter's shapes, or
-# what its position in the data means.
+# what its position in the data means. That position is a count of global batches: step s trains samples
+# [s*G, (s+1)*G) of the epoch's order whatever the world size, so another GPU count with the same G resumes.
 STRUCTURAL = (
     "MODEL_ID",
     "MODEL_CONFIG",
     "model_config_sha256",
     "LORA_R",
     "LORA_TARGETS",
-    "world_size",
-    "samples_per_rank_step",
+    "global_batch",
     "PACKING",
 )
 MANIFEST = "manifest.json"
@@ -87,8 +87,7 @@ def identity(run, world_size: int, model_config: dict | None = None) -> dict:
     config = {k: v for k, v in model_config.items() if k != "transformers_version"}
     return {
         **{name: getattr(run, name) for name in TRAINING},
-        "world_size": world_size,
-        "samples_per_rank_step": run.MICRO_BATCH * run.ACCUM_STEPS,
+        "global_batch": world_size * run.MICRO_BATCH * run.ACCUM_STEPS,  # samples (packed: rows) per update
         "data_sha256": sha256_file(Path(run.DATA_PATH)),
         "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
     }
@@ -100,8 +99,17 @@ def versions() -> dict:
     return {"python": platform.python_version(), **{name: version(name) for name in ("torch", "transformers", "peft")}}
 
 
+def comparable(saved: dict) -> dict:
+    """A saved identity as identity() writes it now: one saved before global_batch has its two factors instead."""
+    if "world_size" not in saved:
+        return saved
+    old = ("world_size", "samples_per_rank_step")
+    return {**{k: v for k, v in saved.items() if k not in old}, "global_batch": saved[old[0]] * saved[old[1]]}
+
+
 def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:
     """'NAME: checkpoint X, now Y' (or 'adapter X') for every identity value that differs (structural ones first)."""
+    saved = comparable(saved)
     keys = sorted(set(saved) | set(current), key=lambda k: (k not in STRUCTURAL, k))
     return [f"{k}: {saved_in} {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
@@ -273,6 +281,8 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     fixed = [c for c in changes if c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)")]
     if fixed or (changes and not run.RESUME_ALLOW_CHANGES):
         allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
+        if any(c.startswith("global_batch:") for c in changes):
+            allow = same_global_batch(comparable(saved["identity"])["global_batch"], current["global_batch"], run)
         raise InputError(
             f"{path} was written with other settings ({'; '.join(changes)}): {allow}start fresh with "
             f"RESUME='', or use another OUTPUT_DIR"
@@ -291,6 +301,18 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
     return path
+
+
+def same_global_batch(saved: int, now: int, run) -> str:
+    """How this run's ranks (a train_ddp.py Config `run`) reach a checkpoint's global batch: the way to resume it
+    on another number of GPUs."""
+    world = now // (run.MICRO_BATCH * run.ACCUM_STEPS)
+    if saved % world:
+        return f"its global batch of {saved} does not split over {world} ranks: "
+    per_rank = saved // world
+    split = f"ACCUM_STEPS={per_rank // run.MICRO_BATCH}" if per_rank % run.MICRO_BATCH == 0 else ""
+    ranks = f"{world} rank{'s' * (world > 1)}"
+    return f"on {ranks}, {split or f'MICRO_BATCH x ACCUM_STEPS = {per_rank}'} keeps that global batch and resumes; or "
 
 
 def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None) -> str | None:

@@ -724,6 +724,7 @@ def main() -> None:
         "settings": settings.record(cfg, sources, asked, asked_sources),
         "versions": run_record.versions(),
         "identity": identity,
+        "world_size": world,
         "resumed_from": resume and str(resume),
     }
     if rank == 0:  # the run's effective settings, printed once and saved with the run (and in every checkpoint)

@@ -40,7 +40,7 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     other_version = run_record.identity(
         cpu_config(DATA_PATH=str(a)), 2, {"hidden_size": 8, "transformers_version": "6"}
     )
-    assert other_version == ident[a] and ident[a]["samples_per_rank_step"] == 8
+    assert other_version == ident[a] and ident[a]["global_batch"] == 2 * 1 * 8  # ranks x MICRO_BATCH x ACCUM_STEPS
 
 
 def saved_run(folder, identity, step, trainer_state=True, epoch=0, step_in_epoch=None):
@@ -122,6 +122,33 @@ def test_what_orders_the_rows_cannot_change_mid_epoch_and_can_at_an_epoch_end(tm
                 run_record.checkpoint_to_resume(run, {**saved, **changed}, 8)
         else:
             assert run_record.checkpoint_to_resume(run, {**saved, **changed}, 8) == path
+
+
+def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_is_told_how(tmp_path):
+    saved = saved_run(tmp_path / "step-00000002", {"global_batch": 16, "LR": 2e-4}, 2)  # e.g. 2 ranks x 2 x 4
+
+    def resume(world, micro_batch, accum):
+        run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), MICRO_BATCH=micro_batch, ACCUM_STEPS=accum)
+        return run_record.checkpoint_to_resume(run, {"global_batch": world * micro_batch * accum, "LR": 2e-4}, 6)
+
+    assert resume(1, 2, 8) == saved == resume(4, 4, 1)
+    refused = {
+        (
+            1,
+            2,
+            4,
+        ): "global_batch: checkpoint 16, now 8): on 1 rank, ACCUM_STEPS=8 keeps that global batch and resumes; or",
+        (4, 3, 1): "now 12): on 4 ranks, MICRO_BATCH x ACCUM_STEPS = 4 keeps that global batch and resumes; or start",
+        (3, 2, 4): "now 24): its global batch of 16 does not split over 3 ranks: start fresh with RESUME=''",
+    }
+    for layout, says in refused.items():
+        with pytest.raises(InputError, match=re.escape(says)):
+            resume(*layout)
+    # an identity saved before global_batch is compared by the two factors it held
+    assert (
+        run_record.differences({"world_size": 2, "samples_per_rank_step": 8, "LR": 1}, {"global_batch": 16, "LR": 1})
+        == []
+    )
 
 
 def test_a_checkpoint_at_the_end_of_its_last_epoch_is_refused_when_the_data_asks_for_more_steps(tmp_path):
@@ -276,7 +303,7 @@ def test_a_resume_path_that_is_no_checkpoint_folder_says_what_it_is_and_what_res
         run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4}, 2)
 
 
-THIS_RUN = {"LR": 1e-4, "world_size": 2, "data_sha256": "a"}
+THIS_RUN = {"LR": 1e-4, "global_batch": 16, "data_sha256": "a"}
 
 
 def output_dir_after_a_run(tmp_path, saved, step, with_checkpoint=False):
@@ -291,10 +318,10 @@ def output_dir_after_a_run(tmp_path, saved, step, with_checkpoint=False):
     "saved,step,listed",
     [
         ({**THIS_RUN, "LR": 2e-4}, 6, "LR: adapter 0.0002, now 0.0001"),
-        ({**THIS_RUN, "world_size": 4}, 2, "world_size: adapter 4, now 2; steps: adapter 2, now 6"),
+        ({**THIS_RUN, "global_batch": 32}, 2, "global_batch: adapter 32, now 16; steps: adapter 2, now 6"),
         (THIS_RUN, 2, "steps: adapter 2, now 6"),
     ],
-    ids=["other-lr", "other-world-size-and-incomplete", "this-run-incomplete"],
+    ids=["other-lr", "other-global-batch-and-incomplete", "this-run-incomplete"],
 )
 def test_an_adapter_of_another_run_with_no_checkpoint_to_continue_is_not_trained_over_unasked(
     tmp_path, saved, step, listed
