@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,23 +62,41 @@ class JobStopped(RuntimeError):
 
 
 def one_line(e: BaseException, output_dir: str) -> str | None:
-    """The one line for an expected failure: a guard's stop, or a failure to use `output_dir` (a save, the
-    metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
+    """The one line for an expected failure: a guard's stop, a GPU out of memory, or a failure to use
+    `output_dir` (a save, the metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
     if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
+    if isinstance(e, torch.OutOfMemoryError):
+        return out_of_memory(str(e))
     out = Path(output_dir).resolve()
     if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
         return f"OUTPUT_DIR {out} cannot be read or written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
     return None
 
 
-def record_for_torchrun(error: BaseException) -> None:
+def out_of_memory(message: str) -> str:
+    """What to do when the GPU ran out of memory (torch's `message` says what it tried on how large a card): a
+    memory target for the planner, about 7% under the card as the README's rows are."""
+    card = re.search(r"Tried to allocate ([\d.]+ \w+)\. GPU \d+ has a total capacity of ([\d.]+) GiB", message)
+    in_use = re.search(r"this process has ([\d.]+ \w+) memory in use", message)
+    if card:
+        what = f"tried to allocate {card[1]} on a {card[2]} GiB GPU" + (f" with {in_use[1]} in use" if in_use else "")
+    return (
+        f"out of GPU memory ({what if card else message.splitlines()[0][:120]}): "
+        f"MEMORY_TARGET_GIB={int(float(card[2]) * 0.93) if card else '<the GPU GiB less 7%>'} makes the planner "
+        f"choose a layout predicted to fit (if set: lower it), or lower MICRO_BATCH or MAX_LEN; "
+        f"python memory_budget.py MODEL_ID shows what each part needs"
+    )
+
+
+def record_for_torchrun(error: BaseException, line: str | None = None) -> None:
     """torchrun's failure summary then shows this error as the root cause, instead of error_file: <N/A>: for an
-    expected failure (bad input, a guard's stop, OUTPUT_DIR) its one line, else the traceback."""
+    expected failure (bad input, a guard's stop, OUTPUT_DIR, a GPU out of memory) the `line` it is told in, else
+    the traceback."""
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    line = f"{type(error).__name__}: {error}"
-    if isinstance(error, (InputError, JobStopped, OutputDirError)) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    if line and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        line = f"{type(error).__name__}: {line}"
         info = {"py_callstack": line, "timestamp": str(int(time.time()))}
         Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(
             json.dumps({"message": {"message": line, "extraInfo": info}})
@@ -360,7 +379,7 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
         # do not match) must not read this rank as gone
         watchdog.reporting.set()
         to_stderr(failure_report(e, watchdog, output_dir))
-        record_for_torchrun(e)  # after the report: a peer that died first stays torchrun's root cause
+        record_for_torchrun(e, one_line(e, output_dir))  # after the report: a peer that died first stays the cause
         sys.stdout.flush()
         if lock:
             lock.release()

@@ -864,12 +864,14 @@ def main() -> None:
 
 
 def run() -> None:
-    """main(), with bad input reported as one line (the same on every rank) and exit code 2."""
+    """main(), with bad input reported as one line (the same on every rank) and exit code 2; so is a model that
+    does not fit the GPU before the process group forms (after it, guards.failures_reported says it)."""
     try:
         main()
-    except InputError as e:
-        guards.to_stderr(f"[rank {os.environ.get('RANK', 0)}] error: {e}")
-        guards.record_for_torchrun(e)
+    except (InputError, torch.OutOfMemoryError) as e:
+        line = guards.out_of_memory(str(e)) if isinstance(e, torch.OutOfMemoryError) else str(e)
+        guards.to_stderr(f"[rank {os.environ.get('RANK', 0)}] error: {line}")
+        guards.record_for_torchrun(e, line)
         sys.exit(2)
 
 

@@ -14,6 +14,8 @@ attempt only, so a group restarted by --max_restarts resumes and finishes, as af
   vanish    after the update this rank deletes OUTPUT_DIR, as when its storage goes away
   readonly  after the update this rank remounts OUTPUT_DIR read-only (the test mounted a tmpfs there)
   save      exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
+  oom       that step's forward asks for twice the GPU's memory: a real CUDA out-of-memory error on a GPU; on
+            the CPU the same error raised with the message torch's CUDA allocator gives
   linger    every DataLoader iterator stays referenced until the interpreter exits (STEP is ignored), as
             the pin-memory thread can keep one on GPUs: the loaders' workers must still end with the job
 Each kind patches the one thing it needs; train_ddp.main() then runs as it is.
@@ -38,7 +40,7 @@ import lm_loss  # noqa: E402
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
-if KIND not in ("nan", "term", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger"):
+if KIND not in ("nan", "term", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger", "oom"):
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
@@ -72,6 +74,25 @@ def nan_loss(forward):
         return (loss * float("nan") if fires() else loss), n_targets
 
     return forward_with_nan
+
+
+# torch's CUDA allocator's message (torch 2.13), for the CPU, where no allocation raises OutOfMemoryError
+CPU_OOM = (
+    "CUDA out of memory. Tried to allocate 279.62 GiB. GPU 0 has a total capacity of 139.81 GiB of which 138.92 GiB "
+    "is free. Including non-PyTorch memory, this process has 0.88 GiB memory in use. Of the allocated memory 0.16 GiB "
+    "is allocated by PyTorch, and 0.02 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def out_of_memory(forward):
+    def forward_out_of_memory(self, *args, **kwargs):
+        if fires():
+            if not torch.cuda.is_available():
+                raise torch.OutOfMemoryError(CPU_OOM)
+            torch.empty(2 * torch.cuda.get_device_properties().total_memory, dtype=torch.uint8, device="cuda")
+        return forward(self, *args, **kwargs)
+
+    return forward_out_of_memory
 
 
 def after_update(optimizer, args, kwargs) -> None:
@@ -126,6 +147,8 @@ def kept(dataloader_iter):
 
 if KIND == "nan":
     lm_loss.CausalLMLoss.forward = nan_loss(lm_loss.CausalLMLoss.forward)
+elif KIND == "oom":
+    lm_loss.CausalLMLoss.forward = out_of_memory(lm_loss.CausalLMLoss.forward)
 elif KIND == "term":
     T.evaluate = terminated_first(T.evaluate)
 elif KIND == "save":

@@ -96,3 +96,14 @@ def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
     rank.send_signal(signal.SIGINT)
     assert rank.wait(10) == 128 + signal.SIGINT
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
+
+
+def test_an_out_of_memory_message_in_other_words_is_quoted_and_still_answered():
+    """torch before 2.1 worded it otherwise: the line keeps what torch said, and the remedy stands."""
+    said = "CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB already)"
+    line = guards.one_line(torch.OutOfMemoryError(said), "out")
+    assert line == (
+        f"out of GPU memory ({said[:120]}): MEMORY_TARGET_GIB=<the GPU GiB less 7%> makes the planner choose a layout "
+        f"predicted to fit (if set: lower it), or lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows "
+        f"what each part needs"
+    )

@@ -390,6 +390,24 @@ def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
     assert all(not torch.equal(adapter(out)[k], ckpt[3][k]) for k in ckpt[3] if "lora_B" in k)  # step 4 trained
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gpu_out_of_memory_ends_the_job_in_one_line_that_names_a_memory_target(tmp_path, data, backend):
+    run = torchrun(FAULTY_TRAIN, timeout=120, backend=backend, env=job_env(data, tmp_path / "out", FAULT="oom@2@1"))
+    assert run.returncode != 0
+    said = re.search(
+        r"^\[rank 1\] error: out of GPU memory \(tried to allocate [\d.]+ GiB on a ([\d.]+) GiB GPU with [\d.]+ \w+ in "
+        r"use\): MEMORY_TARGET_GIB=(\d+) makes the planner choose a layout predicted to fit \(if set: lower it\), or "
+        r"lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs "
+        r"\(in optimizer step 2; last completed step: 1\)$",
+        run.output,
+        re.M,
+    )
+    assert said and int(said[2]) == int(float(said[1]) * 0.93), run.output[-4000:]
+    own_report = run.output.split("[rank 1] error:")[1].split("[rank 0]")[0]
+    assert "Traceback" not in own_report, run.output[-4000:]  # one line, not a stack
+    assert "OutOfMemoryError: out of GPU memory (tried" in run.output  # torchrun's summary: the same line
+
+
 def test_nan_on_one_rank_with_stop_policy_stops_every_rank(tmp_path, data):
     run = torchrun(
         FAULTY_TRAIN, timeout=120, env=job_env(data, tmp_path / "out", FAULT="nan@2@1", NAN_POLICY="stop", EVAL_PATH="")

@@ -542,6 +542,30 @@ def test_a_process_group_that_does_not_form_is_one_line(tmp_path, monkeypatch, f
             T.init_distributed(torch.device("cpu"), str(tmp_path), timeout_s=3)
 
 
+def test_a_model_that_does_not_fit_the_gpu_is_one_line_naming_a_memory_target(tmp_path, monkeypatch, capsys):
+    """Out of memory while the weights load (before the process group forms): one line, as after it."""
+    launched = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for name, value in {**launched, "OUTPUT_DIR": str(tmp_path / "out")}.items():
+        monkeypatch.setenv(name, value)
+
+    def load_model(*_):
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 3 has a total capacity of 79.19 GiB of which 0.75 GiB "
+            "is free. Including non-PyTorch memory, this process has 78.43 GiB memory in use. Of the allocated ..."
+        )
+
+    monkeypatch.setattr(T, "load_model", load_model)
+    monkeypatch.setattr(sys, "argv", ["train_ddp.py"])
+    with pytest.raises(SystemExit) as ended:
+        T.run()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "[rank 0] error: out of GPU memory (tried to allocate 1.50 GiB on a 79.19 GiB GPU with 78.43 GiB in use): "
+        "MEMORY_TARGET_GIB=73 makes the planner choose a layout predicted to fit (if set: lower it), or lower "
+        "MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs"
+    )
+
+
 def test_lora_targets_that_match_more_than_linear_layers_are_refused():
     """'.*' matches every Linear, and the model itself: PEFT raised a ValueError printing the whole model."""
     with pytest.raises(
