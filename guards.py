@@ -115,8 +115,9 @@ class StepPosition:
 
     def __str__(self) -> str:
         step, done = self.current, self.completed
-        where = f"in optimizer step {step}" if step != done else f"after optimizer step {done}"
-        return f"{where}; last completed step: {done}"
+        if step == done:  # between steps: a resume's or step 1's first forward, an evaluation, a save
+            return f"after optimizer step {done}; last completed step: {done}" if done else "before optimizer step 1"
+        return f"in optimizer step {step}; last completed step: {done}"
 
 
 def flight_recorder(json_format: bool = True, **kwargs):

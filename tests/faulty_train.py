@@ -14,8 +14,8 @@ attempt only, so a group restarted by --max_restarts resumes and finishes, as af
   vanish    after the update this rank deletes OUTPUT_DIR, as when its storage goes away
   readonly  after the update this rank remounts OUTPUT_DIR read-only (the test mounted a tmpfs there)
   save      exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
-  oom       that step's forward asks for twice the GPU's memory: a real CUDA out-of-memory error on a GPU; on
-            the CPU the same error raised with the message torch's CUDA allocator gives
+  oom       that step's forward (step 0: the first forward, before step 1) asks for twice the GPU's memory: a
+            real CUDA out-of-memory error on a GPU; on the CPU the same error, with torch's CUDA allocator's message
   linger    every DataLoader iterator stays referenced until the interpreter exits (STEP is ignored), as
             the pin-memory thread can keep one on GPUs: the loaders' workers must still end with the job
 Each kind patches the one thing it needs; train_ddp.main() then runs as it is.

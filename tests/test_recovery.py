@@ -392,13 +392,14 @@ def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, data):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_gpu_out_of_memory_ends_the_job_in_one_line_that_names_a_memory_target(tmp_path, data, backend):
-    run = torchrun(FAULTY_TRAIN, timeout=120, backend=backend, env=job_env(data, tmp_path / "out", FAULT="oom@2@1"))
+    # in the first forward, where a layout too large for the GPU fails (fault step 0: before step 1)
+    run = torchrun(FAULTY_TRAIN, timeout=120, backend=backend, env=job_env(data, tmp_path / "out", FAULT="oom@0@1"))
     assert run.returncode != 0
     said = re.search(
         r"^\[rank 1\] error: out of GPU memory \(tried to allocate [\d.]+ GiB on a ([\d.]+) GiB GPU with [\d.]+ \w+ in "
         r"use\): MEMORY_TARGET_GIB=(\d+) makes the planner choose a layout predicted to fit \(if set: lower it\), or "
         r"lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs "
-        r"\(in optimizer step 2; last completed step: 1\)$",
+        r"\(before optimizer step 1\)$",
         run.output,
         re.M,
     )

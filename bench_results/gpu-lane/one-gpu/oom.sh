@@ -11,6 +11,6 @@ job() { name=$1; shift; env "$@" timeout 280 torchrun --standalone --nproc_per_n
 script=tests/faulty_train.py job fault OUTPUT_DIR=/tmp/o1 FAULT=oom@2 MAX_STEPS=3 MAX_LEN=256 MICRO_BATCH=2 ACCUM_STEPS=1
 big="MODEL_CONFIG=configs/gemma-4-12b.json MICRO_BATCH=96 ACCUM_STEPS=1 GRADIENT_CHECKPOINTING=0 MAX_STEPS=1 MAX_LEN=2048"
 script=train_ddp.py job 12b-too-large OUTPUT_DIR=/tmp/o2 $big
-target=$(grep -ohE "MEMORY_TARGET_GIB=[0-9]+" $OUT/oom_12b-too-large.log | head -1)
+target=$(grep -h "error: " $OUT/oom_12b-too-large.log | grep -oE "MEMORY_TARGET_GIB=[0-9]+" | head -1)
 echo "== following the advice: $target"
 script=train_ddp.py job 12b-advised OUTPUT_DIR=/tmp/o3 $big $target
