@@ -721,18 +721,21 @@ def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, d
     }
 
 
-def test_a_checkpoint_resumes_on_another_gpu_count_that_keeps_its_global_batch(tmp_path, data, reference):
-    out = tmp_path / "out"
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_checkpoint_resumes_on_another_gpu_count_that_keeps_its_global_batch(tmp_path, data, references, backend):
+    reference, out = references(backend), tmp_path / "out"
     copy_checkpoints(reference, out)
     shutil.rmtree(out / "checkpoints" / "step-00000006")  # resume at step 4, mid-epoch 1
-    one_rank = job_env(data, out, ACCUM_STEPS=str(2 * RANKS))  # 1 rank x 2 x 2*RANKS: the reference's global batch
-    run = torchrun(ROOT / "train_ddp.py", nproc=1, env=one_rank)
+    one_rank = job_env(data, out, ACCUM_STEPS=str(RANKS * 2))  # 1 rank x 2 x RANKS*2: the reference's global batch
+    run = torchrun(ROOT / "train_ddp.py", nproc=1, env=one_rank, backend=backend)
     assert run.returncode == 0 and resumed_step(run.output) == 4, run.output[-3000:]
     # steps 5 and 6 train exactly the reference's samples: its tokens and targets, its loss up to dropout masks
     ours, theirs = ({r["step"]: r for r in metrics(o) if "loss" in r} for o in (out, reference))
     for step in (5, 6):
         assert [ours[step][k] for k in ("tokens", "targets")] == [theirs[step][k] for k in ("tokens", "targets")]
-        assert ours[step]["loss"] == pytest.approx(theirs[step]["loss"], rel=1e-3)
+        assert ours[step]["loss"] == pytest.approx(
+            theirs[step]["loss"], rel=1e-3 if backend == "gloo" else 1e-2
+        )  # bf16
     assert json.loads((out / "config.json").read_text())["world_size"] == 1
 
 
