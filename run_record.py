@@ -305,14 +305,14 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
 
 def same_global_batch(saved: int, now: int, run) -> str:
     """How this run's ranks (a train_ddp.py Config `run`) reach a checkpoint's global batch: the way to resume it
-    on another number of GPUs."""
+    on another number of GPUs. Said as a product: MEMORY_TARGET_GIB's planner re-splits it, keeping it."""
     world = now // (run.MICRO_BATCH * run.ACCUM_STEPS)
     if saved % world:
         return f"its global batch of {saved} does not split over {world} ranks: "
-    per_rank = saved // world
-    split = f"ACCUM_STEPS={per_rank // run.MICRO_BATCH}" if per_rank % run.MICRO_BATCH == 0 else ""
-    ranks = f"{world} rank{'s' * (world > 1)}"
-    return f"on {ranks}, {split or f'MICRO_BATCH x ACCUM_STEPS = {per_rank}'} keeps that global batch and resumes; or "
+    return (
+        f"on {world} rank{'s' * (world > 1)}, MICRO_BATCH x ACCUM_STEPS = {saved // world} (now {run.MICRO_BATCH} x "
+        f"{run.ACCUM_STEPS}) keeps that global batch and resumes; or "
+    )
 
 
 def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None) -> str | None:

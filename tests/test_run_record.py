@@ -133,12 +133,8 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
 
     assert resume(1, 2, 8) == saved == resume(4, 4, 1)
     refused = {
-        (
-            1,
-            2,
-            4,
-        ): "global_batch: checkpoint 16, now 8): on 1 rank, ACCUM_STEPS=8 keeps that global batch and resumes; or",
-        (4, 3, 1): "now 12): on 4 ranks, MICRO_BATCH x ACCUM_STEPS = 4 keeps that global batch and resumes; or start",
+        (1, 2, 4): "checkpoint 16, now 8): on 1 rank, MICRO_BATCH x ACCUM_STEPS = 16 (now 2 x 4) keeps that global",
+        (4, 3, 1): "now 12): on 4 ranks, MICRO_BATCH x ACCUM_STEPS = 4 (now 3 x 1) keeps that global batch and resumes",
         (3, 2, 4): "now 24): its global batch of 16 does not split over 3 ranks: start fresh with RESUME=''",
     }
     for layout, says in refused.items():
