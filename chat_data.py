@@ -477,6 +477,8 @@ def row_key(messages: list[dict]) -> tuple:
 def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: str) -> str:
     """A warning when rows of the evaluation data (`path`) are exact copies of training rows: their loss is of
     answers trained on, which reads as a model better than it is (a split made after copies were in the data)."""
+    if not held_out:
+        return ""
     trained = set(map(row_key, train))
     n = sum(row_key(messages) in trained for messages in held_out)
     if not n:
@@ -484,6 +486,32 @@ def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: s
     return (
         f"warning: {path}: {n} of its {len(held_out)} rows are exact copies of DATA_PATH rows, not held out: "
         f"their loss is on answers trained on"
+    )
+
+
+def fields_left_out(tokenizer, conversations: list[list[dict]], path: str) -> str:
+    """A warning naming the message fields the chat template does not render (OpenAI's "name" in Gemma's), so the
+    model never sees them: tried on a one-message conversation with each field's first value in the data."""
+    seen = {}  # field: (its first value, how many messages carry it)
+    for messages in conversations:
+        for m in messages:
+            for field in m:
+                if field in ("role", "content", "weight") or not m[field]:  # null, "", []: nothing to see
+                    continue
+                value, n = seen.get(field, (m[field], 0))
+                seen[field] = value, n + 1
+    probe = {"role": "user", "content": "x"}
+    render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
+    left_out = [
+        f"'{f}' (on {n} message{'s' * (n > 1)})"
+        for f, (v, n) in seen.items()
+        if render([{**probe, f: v}]) == render([probe])
+    ]
+    if not left_out:
+        return ""
+    return (
+        f"warning: {path}: the chat template leaves out {', '.join(left_out)}: the model never sees them (put what "
+        f"matters in the content)"
     )
 
 

@@ -43,6 +43,7 @@ from chat_data import (
     chat_tokenizer,
     control_tokens,
     data_summary,
+    fields_left_out,
     held_out_copies,
     lengths_file,
     load_conversations,
@@ -716,8 +717,12 @@ def main() -> None:
     total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
     say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
-    if eval_conversations and (copies := held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH)):
-        say(copies)
+    for warning in (
+        fields_left_out(tokenizer, conversations, cfg.DATA_PATH),
+        held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH),
+    ):
+        if warning:
+            say(warning)
     finished = run_record.finished(cfg, identity, total_steps)
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
     run_config = {

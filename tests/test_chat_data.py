@@ -534,3 +534,26 @@ def test_evaluation_rows_that_copy_training_rows_are_counted(tmp_path):
         "answers trained on"
     )
     assert chat_data.held_out_copies(train, held_out[2:], "eval.jsonl") == ""
+
+
+def test_message_fields_the_chat_template_leaves_out_are_named(tmp_path, tokenizer, monkeypatch):
+    """OpenAI's few-shot rows name their example speakers ("name"): Gemma's template drops the field, so the example
+    dialogue reads as plain system text. Said once, with how many messages carry each field (empty ones do not)."""
+    few_shot = {
+        "messages": [
+            {"role": "system", "name": "example_user", "content": "What is 2+2?"},
+            {"role": "user", "content": "And 3+3?", "name": "ann", "id": "m1"},
+            {"role": "assistant", "content": "6", "name": None, "metadata": {}},
+        ]
+    }
+    rows = chat_data.load_conversations(write_chat(tmp_path, few_shot, chat("a", "b")))
+    assert chat_data.fields_left_out(tokenizer, rows, "chat.jsonl") == (
+        "warning: chat.jsonl: the chat template leaves out 'name' (on 2 messages), 'id' (on 1 message): the model "
+        "never sees them (put what matters in the content)"
+    )
+    # a template that renders the speaker's name: only 'id' is left out
+    monkeypatch.setattr(
+        tokenizer, "chat_template", "{% for m in messages %}{{ m.get('name', '') }}{{ m.content }}{% endfor %}"
+    )
+    assert "leaves out 'id' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "chat.jsonl")
+    assert chat_data.fields_left_out(tokenizer, rows[1:], "chat.jsonl") == ""
