@@ -594,7 +594,7 @@ CHANGED = {
     "lora-alpha": ({"LORA_ALPHA": "64"}, "LORA_ALPHA: checkpoint 32, now 64", True),
     "data-content": (None, "data_sha256: checkpoint", True),
     "lora-r": ({"LORA_R": "8", "RESUME_ALLOW_CHANGES": "1"}, "LORA_R: checkpoint 16, now 8", False),
-    "batch-shape": ({"ACCUM_STEPS": "1"}, "samples_per_rank_step: checkpoint 4, now 2", False),
+    "batch-shape": ({"ACCUM_STEPS": "1"}, f"global_batch: checkpoint {4 * RANKS}, now {2 * RANKS}", False),
     "seed-mid-epoch": (
         {"SEED": "7", "RESUME_ALLOW_CHANGES": "1"},
         "SEED: checkpoint 1234, now 7 (mid-epoch: cannot change)",

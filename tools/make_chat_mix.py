@@ -72,6 +72,8 @@ def messy(rng: random.Random, messages: list[dict]) -> list[dict]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        raise SystemExit(__doc__)  # never an option taken for the output file
     out, rows = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 2000
     rng, mess = random.Random(0), random.Random(1)
     lines = [{"messages": conversation(rng, "--short" in sys.argv)} for _ in range(rows)]
