@@ -79,7 +79,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
             raise InputError(
                 f"{path}:{lineno}: a JSON array; this script reads JSON Lines, one object per line. Convert: "
                 f'python -c "import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]" '
-                f"{path} > {Path(path).stem}.jsonl"
+                f"{shlex.quote(str(path))} > OUT.jsonl"
             )
         try:
             messages = checked_row(raw, path, lineno)

@@ -6,7 +6,9 @@ import gzip
 import json
 import random
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,6 +254,19 @@ def test_a_byte_order_mark_is_skipped_where_cat_joined_two_files(tmp_path):
     joined = tmp_path / "joined.jsonl"
     joined.write_bytes(Path(first).read_bytes() * 2)
     assert chat_data.load_conversations(str(joined)) == [chat("Hi", "Hello")["messages"]] * 2
+
+
+def test_a_json_array_is_refused_with_a_command_that_keeps_the_file(tmp_path):
+    """The command said for a JSON array wrote to the input's own name when it ended in .jsonl: the shell
+    emptied chat.jsonl before Python read it, so the data was lost."""
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps([chat("Hi", "Hello"), chat("a", "b")]))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    command = str(e.value).split("Convert: ", 1)[1].replace("python", shlex.quote(sys.executable), 1)
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)  # as a user would, in the file's folder
+    assert json.loads(path.read_text()) == [chat("Hi", "Hello"), chat("a", "b")]  # the input kept
+    assert len(chat_data.load_conversations(str(tmp_path / "OUT.jsonl"))) == 2  # the output loads
 
 
 def test_what_follows_a_row_on_its_line_is_named(tmp_path):
