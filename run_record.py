@@ -237,6 +237,18 @@ def finished(run, current: dict, total_steps: int) -> str | None:
     return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
 
 
+def how_to_train_longer(run, total_steps: int, epochs_steps: int) -> str:
+    """For a complete run (`run`: train_ddp.py's Config; `epochs_steps`: the steps its EPOCHS hold): the settings
+    that end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in OUTPUT_DIR to continue (a run
+    MAX_STEPS ended mid-epoch leaves only its adapter), that training longer starts over."""
+    folder = Path(run.OUTPUT_DIR) / "checkpoints"
+    if not any(folder.glob("step-*")):
+        return f"it left no checkpoint to continue in {folder}: training longer starts over, with RESUME=''"
+    ends = ["a larger MAX_STEPS"] if run.MAX_STEPS and run.MAX_STEPS <= epochs_steps else []
+    ends += ["more EPOCHS"] if total_steps >= epochs_steps else []
+    return f"to train longer, {' and '.join(ends)} with RESUME_ALLOW_CHANGES=1"
+
+
 def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; asked
     once finished() says it is not complete) continues: RESUME's path or, with "auto", the newest intact one in

@@ -670,7 +670,9 @@ def load_checkpoint(path: Path, peft_model, optimizer) -> dict:
     return trainer_state["progress"]
 
 
-def already_complete(finished: str | None, cfg: Config, total_steps: int, device: torch.device) -> bool:
+def already_complete(
+    finished: str | None, cfg: Config, total_steps: int, epochs_steps: int, device: torch.device
+) -> bool:
     """Whether this run has nothing left to do (run_record.finished), decided from every rank's view of
     OUTPUT_DIR at once (a rank that returned alone would leave its peers waiting in DDP's first broadcast)."""
     adapter = Path(cfg.OUTPUT_DIR) / "adapter"
@@ -683,7 +685,8 @@ def already_complete(finished: str | None, cfg: Config, total_steps: int, device
     if votes:
         say(
             f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train{finished}. To "
-            f"train again, RESUME='' or another OUTPUT_DIR; to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
+            f"train again, RESUME='' or another OUTPUT_DIR; "
+            f"{run_record.how_to_train_longer(cfg, total_steps, epochs_steps)}"
         )
         say(where_everything_is(cfg.OUTPUT_DIR, adapter, cfg.MODEL_ID, cfg.MODEL_CONFIG))
     return bool(votes)
@@ -756,7 +759,7 @@ def main() -> None:
         eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
         guards.check_same_settings(run_config["settings"], {**identity, "eval_sha256": eval_sha256}, MAY_DIFFER_BY_RANK)
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
-        if already_complete(finished, cfg, total_steps, device):
+        if already_complete(finished, cfg, total_steps, sum(epoch_steps), device):
             return
         params = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.LR, weight_decay=cfg.WEIGHT_DECAY, fused=device.type == "cuda")

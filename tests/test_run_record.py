@@ -147,6 +147,26 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
     )
 
 
+def test_a_complete_run_is_told_the_setting_that_trains_it_longer(tmp_path):
+    """A complete run said "to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1" in every case: after a run
+    that MAX_STEPS ended, mid-epoch, with no checkpoint, both more EPOCHS and a larger MAX_STEPS were refused."""
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), MAX_STEPS=2)
+    saved_run(tmp_path / "adapter", {"LR": 2e-4}, 2, trainer_state=False)
+    assert run_record.how_to_train_longer(run, 2, 12) == (
+        f"it left no checkpoint to continue in {tmp_path / 'checkpoints'}: training longer starts over, with RESUME=''"
+    )
+    saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)
+    assert run_record.how_to_train_longer(run, 2, 12) == (
+        "to train longer, a larger MAX_STEPS with RESUME_ALLOW_CHANGES=1"
+    )
+    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=0), 12, 12) == (
+        "to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
+    )
+    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=12), 12, 12) == (
+        "to train longer, a larger MAX_STEPS and more EPOCHS with RESUME_ALLOW_CHANGES=1"
+    )
+
+
 def test_a_checkpoint_at_the_end_of_its_last_epoch_is_refused_when_the_data_asks_for_more_steps(tmp_path):
     last = saved_run(tmp_path / "step-00000004", {"data_sha256": "a"}, 4, epoch=1, step_in_epoch=0)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(last), RESUME_ALLOW_CHANGES=True, EPOCHS=1)
