@@ -450,9 +450,17 @@ def steps_per_epoch(n_samples: int, world: int, cfg: Config) -> int:
         what = (
             f"packed into {n_samples} rows of MAX_LEN={cfg.MAX_LEN} tokens" if cfg.PACKING else f"{n_samples} samples"
         )
+        fits = n_samples // (world * cfg.MICRO_BATCH)  # the ACCUM_STEPS that the samples fill a step of
+        ways = (
+            [f"ACCUM_STEPS={fits}"]
+            if fits
+            else [f"MICRO_BATCH={n_samples // world} ACCUM_STEPS=1"] * (n_samples >= world)
+        )
+        ways += ["fewer ranks"] * (world > 1) + ["a smaller MAX_LEN (more packed rows)"] * cfg.PACKING
         raise InputError(
             f"{cfg.DATA_PATH}: {what}, but one optimizer step needs "
-            f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{cfg.MICRO_BATCH}*{cfg.ACCUM_STEPS} = {per_step}"
+            f"world_size*MICRO_BATCH*ACCUM_STEPS = {world}*{cfg.MICRO_BATCH}*{cfg.ACCUM_STEPS} = {per_step}; "
+            f"{'it fits with ' + ', '.join(ways) + ' or' if ways else 'it needs'} more data"
         )
     return (n_samples // world // cfg.MICRO_BATCH) // cfg.ACCUM_STEPS
 

@@ -75,6 +75,28 @@ def test_every_rank_runs_the_same_number_of_steps(n_samples, world):
     assert steps == {T.steps_per_epoch(n_samples, world, cfg)}
 
 
+def test_data_too_few_for_one_step_is_told_what_fits():
+    """PACKING=1 on the embedded sample (7 rows of 2,048 tokens) stopped with what one step needs and no way on."""
+
+    def refusal(n_samples, world, **settings):
+        with pytest.raises(InputError) as e:
+            T.steps_per_epoch(n_samples, world, cpu_config(**settings))
+        return str(e.value).split(" = ")[-1]
+
+    assert refusal(7, 2, PACKING=True) == (
+        "16; it fits with ACCUM_STEPS=3, fewer ranks, a smaller MAX_LEN (more packed rows) or more data"
+    )
+    assert (
+        refusal(7, 1, PACKING=True)
+        == "8; it fits with ACCUM_STEPS=7, a smaller MAX_LEN (more packed rows) or more data"
+    )
+    assert (
+        refusal(3, 2, MICRO_BATCH=2, ACCUM_STEPS=1)
+        == "4; it fits with MICRO_BATCH=1 ACCUM_STEPS=1, fewer ranks or more data"
+    )
+    assert refusal(3, 4) == "32; it fits with fewer ranks or more data"
+
+
 def test_every_epoch_deals_the_rows_in_a_new_order():
     """train_loader sets the sampler's epoch: without it every epoch would repeat epoch 0's order on every rank
     (the same micro-batches, the same optimizer steps), while each epoch still deals every row once."""
