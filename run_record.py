@@ -137,7 +137,9 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != expected["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['bytes']} (truncated?)"
+            size = path.stat().st_size
+            why = "truncated?" if size < expected["bytes"] else "written to after the save"
+            return f"{name} has {size} bytes, the manifest says {expected['bytes']} ({why})"
         if sha256_file(path) != expected["sha256"]:
             return f"{name} does not match its checksum (corrupted)"
     return None

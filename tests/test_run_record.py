@@ -76,14 +76,18 @@ def test_an_intact_checkpoint_has_no_damage(checkpoint):
             lambda f: f.write_bytes(f.read_bytes()[:50] + b"\xff\xfe" + f.read_bytes()[52:]),
             r"does not match its checksum",
         ),
+        (
+            lambda f: f.write_bytes(f.read_bytes() + b"x"),  # was called "(truncated?)"
+            r"adapter_model.safetensors has 10241 bytes, the manifest says 10240 \(written to after the save\)$",
+        ),
         (lambda f: f.unlink(), r"adapter_model.safetensors is missing"),
         (lambda f: (f.parent / run_record.MANIFEST).unlink(), r"no readable manifest.json"),
     ],
-    ids=["truncated", "two-bytes-flipped", "file-missing", "no-manifest"],
+    ids=["truncated", "two-bytes-flipped", "grown", "file-missing", "no-manifest"],
 )
 def test_damage_names_the_file_and_the_problem(checkpoint, harm, expected):
     harm(checkpoint / "adapter_model.safetensors")
-    assert re.search(expected, run_record.damage(checkpoint))
+    assert re.search(expected, run_record.damage(checkpoint)), run_record.damage(checkpoint)
 
 
 def test_a_manifest_that_leaves_out_a_file_the_resume_reads_is_damage(checkpoint):
