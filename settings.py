@@ -182,8 +182,14 @@ def show(settings: dict) -> str:
 
 
 def check_pattern(name: str, pattern: str) -> None:
-    """A regular expression setting (LORA_TARGETS) that does not compile fails with the checks, not after the
-    model has loaded."""
+    """A regular expression setting (LORA_TARGETS) that does not compile, or PEFT's "all-linear" keyword (a regex
+    matching nothing), fails with the checks, not after the model has loaded."""
+    if pattern.strip().lower() == "all-linear":
+        raise InputError(
+            f"{name}={pattern!r}: PEFT's keyword, not a regular expression; the default already puts LoRA on every "
+            f"Linear layer of the text decoder (q/k/v/o/gate/up/down_proj); all-linear would add the vision and "
+            f"audio embedders', which text rows never run (DDP fails at step 2: repro/02_unused_parameters.py)"
+        )
     try:
         re.compile(pattern)
     except re.error as e:

@@ -83,6 +83,17 @@ def test_a_regex_that_does_not_compile_is_named():
         settings.check_pattern("LORA_TARGETS", "(q_proj")
 
 
+def test_peft_all_linear_keyword_is_named_before_the_model_loads():
+    """LORA_TARGETS=all-linear (PEFT's keyword, and memory_budget.py --targets') was taken as a regex: after the
+    model had loaded it "matches no Linear module", which did not say why."""
+    with pytest.raises(InputError) as e:
+        settings.check_pattern("LORA_TARGETS", "all-linear")
+    assert str(e.value).startswith(
+        "LORA_TARGETS='all-linear': PEFT's keyword, not a regular expression; the default already puts LoRA on "
+        "every Linear layer of the text decoder"
+    )
+
+
 def test_a_model_of_another_architecture_is_refused_from_its_config(tmp_path, tiny_model_path):
     settings.check_model_source(str(tiny_model_path), "")  # the embedded Gemma 4 passes
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
