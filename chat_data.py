@@ -64,7 +64,8 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         raise InputError(f"cannot read data file {path}: {e}") from e
     for magic, what in NOT_JSONL.items():
         if data.startswith(magic):
-            raise InputError(f"{path}: not JSON Lines but {what.replace('FILE', path)}")
+            command = what.replace("'FILE'", repr(str(path))).replace("FILE", shlex.quote(str(path)))  # pastes as is
+            raise InputError(f"{path}: not JSON Lines but {command}")
     # Lines end at LF, as grep -n and sed -n count them: splitlines() also broke at every CR, so a row ending in
     # CR CR LF (CRLF text written again in Windows text mode) or a raw CR inside a string shifted every later line
     # number named. A file of CR-only line ends (classic Mac) is split at its CRs.

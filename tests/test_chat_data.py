@@ -314,6 +314,17 @@ def test_a_compressed_or_utf16_file_is_named_for_what_it_is(tmp_path, pack, name
     assert str(e.value) == f"{path}: not JSON Lines but {named}{path} > OUT.jsonl"
 
 
+def test_the_command_for_a_compressed_file_runs_on_a_name_with_a_space(tmp_path):
+    """The gzip/iconv commands put the path in unquoted: for "my data.jsonl" gzip looked for "my" and "data.jsonl"."""
+    path = tmp_path / "my data.jsonl"
+    path.write_bytes(gzip.compress(json.dumps(chat("Hi", "Hello")).encode() + b"\n"))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(str(path))
+    command = str(e.value).split("gzip-compressed: ", 1)[1]
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    assert chat_data.load_conversations(str(tmp_path / "OUT.jsonl")) == [chat("Hi", "Hello")["messages"]]
+
+
 @pytest.mark.parametrize(
     "data, named",
     [
