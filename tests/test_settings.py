@@ -54,6 +54,15 @@ def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_report
     assert not set(settings.OTHER_NAMES) & set(sources) and set(settings.OTHER_NAMES.values()) <= set(sources)
 
 
+def test_a_misspelled_constant_is_said_also_when_a_bad_value_stops_the_run(monkeypatch, capsys):
+    """LEARNING_RATE=1e-4 MICRO_BATCH=0: the error named MICRO_BATCH only; the LEARNING_RATE hint came a run later."""
+    monkeypatch.setenv("LEARNING_RATE", "1e-4")
+    monkeypatch.setenv("MICRO_BATCH", "0")
+    with pytest.raises(InputError, match=r"^MICRO_BATCH=0: allowed >= 1$"):
+        T.checked_settings()
+    assert "warning: LEARNING_RATE='1e-4' is not a setting of train_ddp.py; did you mean LR?" in capsys.readouterr().out
+
+
 def test_the_planners_choices_are_recorded_and_shown_as_planner_with_what_they_replaced():
     asked, asked_sources = settings.read(T.Config, T.ALLOWED, {"LR": "1e-4", "MICRO_BATCH": "1"})
     cfg, sources = settings.planned(asked, asked_sources, {"MICRO_BATCH": 2, "ACCUM_STEPS": 4, "SEED": asked.SEED})
