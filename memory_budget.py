@@ -1073,6 +1073,12 @@ def main(argv=None) -> int:
         ap.error(f"--tp {args.tp} does not divide the world size {world} (--gpus-per-node x --nodes)")
     if args.memory_target_gib and (args.tp > 1 or args.full or args.train_embeddings):
         ap.error("--memory-target-gib plans train_ddp.py's runs, which have no --tp, --full or --train-embeddings")
+    if args.memory_target_gib > args.gpu_mem_gb:  # planned for a bigger card, then judged on this one
+        default = " (its default)" if args.gpu_mem_gb == ap.get_default("gpu_mem_gb") else ""
+        ap.error(
+            f"--memory-target-gib {args.memory_target_gib:g} is more than the card's memory, --gpu-mem-gb "
+            f"{args.gpu_mem_gb:g}{default}: give your card's, e.g. --gpu-mem-gb 141 for an H200"
+        )
     try:
         config = load_config(args.model)  # first: another architecture is said before anything is built
         shapes = param_shapes_from_path(args.model)

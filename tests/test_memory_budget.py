@@ -625,6 +625,18 @@ def test_cli_planner_refusals_are_one_line(capsys):
         assert "error: --memory-target-gib plans train_ddp.py's runs, which have no --tp, --full" in err, err
 
 
+def test_a_memory_target_beyond_the_card_names_the_card_option(capsys):
+    """--memory-target-gib 130 (README's H200 row) was planned, then judged on the default 80 GiB card: "DOES NOT
+    FIT" and a TP/PP strategy, for the layout README measured fitting on an H200."""
+    err = usage_error(mb.main, [str(CONFIG_12B), "--memory-target-gib", "130", "--compile-layers"], capsys)
+    assert err.splitlines()[-1].endswith(
+        "error: --memory-target-gib 130 is more than the card's memory, --gpu-mem-gb 80 (its default): give your "
+        "card's, e.g. --gpu-mem-gb 141 for an H200"
+    ), err
+    assert mb.main([str(CONFIG_12B), "--memory-target-gib", "130", "--compile-layers", "--gpu-mem-gb", "141"]) == 0
+    assert "of 141 GiB: fits" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
