@@ -491,23 +491,27 @@ def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: s
 
 
 def fields_left_out(tokenizer, conversations: list[list[dict]], path: str) -> str:
-    """A warning naming the message fields the chat template does not render (OpenAI's "name" in Gemma's), so the
-    model never sees them: tried on a one-message conversation with each field's first value in the data."""
-    seen = {}  # field: (its first value, how many messages carry it)
+    """A warning naming the message fields the chat template does not render (OpenAI's "name" in Gemma's; a
+    per-message "train": false flag), so the model never sees them: tried on a one-message conversation of the
+    role and value the field first has in the data."""
+    seen = {}  # field: (the first message that carries it, how many do)
     for messages in conversations:
         for m in messages:
             for field in m:
-                if field in ("role", "content", "weight") or not m[field]:  # null, "", []: nothing to see
+                if field in ("role", "content", "weight") or m[field] in (None, "", [], {}):  # nothing to see
                     continue
-                value, n = seen.get(field, (m[field], 0))
-                seen[field] = value, n + 1
-    probe = {"role": "user", "content": "x"}
+                first, n = seen.get(field, (m, 0))
+                seen[field] = first, n + 1
     render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
-    left_out = [
-        f"'{f}' (on {n} message{'s' * (n > 1)})"
-        for f, (v, n) in seen.items()
-        if render([{**probe, f: v}]) == render([probe])
-    ]
+
+    def rendered(field: str, m: dict) -> bool:
+        probe = {"role": m["role"], "content": "x"}
+        try:
+            return render([{**probe, field: m[field]}]) != render([probe])
+        except Exception:  # the template reads the field and fails on this value: it is not left out
+            return True
+
+    left_out = [f"'{f}' (on {n} message{'s' * (n > 1)})" for f, (m, n) in seen.items() if not rendered(f, m)]
     if not left_out:
         return ""
     return (

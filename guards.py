@@ -61,31 +61,38 @@ class JobStopped(RuntimeError):
     an expected failure, reported in one line, not a traceback."""
 
 
-def one_line(e: BaseException, output_dir: str) -> str | None:
+def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) -> str | None:
     """The one line for an expected failure: a guard's stop, a GPU out of memory, or a failure to use
     `output_dir` (a save, the metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
     if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
     if isinstance(e, torch.OutOfMemoryError):
-        return out_of_memory(str(e))
+        return out_of_memory(str(e), memory_target_gib)
     out = Path(output_dir).resolve()
     if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
         return f"OUTPUT_DIR {out} cannot be read or written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
     return None
 
 
-def out_of_memory(message: str) -> str:
+def out_of_memory(message: str, memory_target_gib: float = 0.0) -> str:
     """What to do when the GPU ran out of memory (torch's `message` says what it tried on how large a card): a
-    memory target for the planner, about 7% under the card as the README's rows are."""
+    memory target for the planner, 93% of the card (the README's H200 row: 130 of 139.8 GiB), or a tenth below
+    the MEMORY_TARGET_GIB the run had (its layout then is the planner's: MICRO_BATCH is not yours to lower)."""
     card = re.search(r"Tried to allocate ([\d.]+ \w+)\. GPU \d+ has a total capacity of ([\d.]+) GiB", message)
     in_use = re.search(r"this process has ([\d.]+ \w+) memory in use", message)
     if card:
-        what = f"tried to allocate {card[1]} on a {card[2]} GiB GPU" + (f" with {in_use[1]} in use" if in_use else "")
+        said = f"tried to allocate {card[1]} on a {card[2]} GiB GPU" + (f" with {in_use[1]} in use" if in_use else "")
+    else:
+        said = message.splitlines()[0][:120]
+    if memory_target_gib:
+        return (
+            f"out of GPU memory ({said}): MEMORY_TARGET_GIB={memory_target_gib:g} was not low enough; "
+            f"MEMORY_TARGET_GIB={int(memory_target_gib * 0.9)} plans a smaller layout, or lower MAX_LEN"
+        )
+    target = int(float(card[2]) * 0.93) if card else "<the GPU GiB less 7%>"
     return (
-        f"out of GPU memory ({what if card else message.splitlines()[0][:120]}): "
-        f"MEMORY_TARGET_GIB={int(float(card[2]) * 0.93) if card else '<the GPU GiB less 7%>'} makes the planner "
-        f"choose a layout predicted to fit (if set: lower it), or lower MICRO_BATCH or MAX_LEN; "
-        f"python memory_budget.py MODEL_ID shows what each part needs"
+        f"out of GPU memory ({said}): MEMORY_TARGET_GIB={target} makes the planner choose a layout predicted to fit, "
+        f"or lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs"
     )
 
 
@@ -115,7 +122,7 @@ class StepPosition:
 
     def __str__(self) -> str:
         step, done = self.current, self.completed
-        if step == done:  # between steps: a resume's or step 1's first forward, an evaluation, a save
+        if step == done:  # between steps: the throwaway forward before step 1 (settle_buckets), an evaluation, a save
             return f"after optimizer step {done}; last completed step: {done}" if done else "before optimizer step 1"
         return f"in optimizer step {step}; last completed step: {done}"
 
@@ -362,7 +369,7 @@ def to_stderr(text: str) -> None:
 
 
 @contextlib.contextmanager
-def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
+def failures_reported(watchdog: HangWatchdog, lock, output_dir: str, memory_target_gib: float = 0.0):
     """Around everything after the process group exists, with `watchdog` running for stuck collectives: an
     InputError shuts the rank down cleanly (where it is raised on one rank only, e.g. a chat template that is
     not prefix-stable for one row, the peers' next collective times out with a report); any other failure (a
@@ -379,8 +386,10 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str):
         # beating on while reporting: a peer that fails at the same moment (both waited in collectives that
         # do not match) must not read this rank as gone
         watchdog.reporting.set()
-        to_stderr(failure_report(e, watchdog, output_dir))
-        record_for_torchrun(e, one_line(e, output_dir))  # after the report: a peer that died first stays the cause
+        to_stderr(failure_report(e, watchdog, output_dir, memory_target_gib))
+        record_for_torchrun(
+            e, one_line(e, output_dir, memory_target_gib)
+        )  # after the report: a peer that died first stays the cause
         sys.stdout.flush()
         if lock:
             lock.release()
@@ -399,12 +408,12 @@ def leave_process_group() -> None:
     dist.destroy_process_group()
 
 
-def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str) -> str:
+def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str, memory_target_gib: float = 0.0) -> str:
     """What a failed rank prints: one line for an expected failure (one_line); else the traceback, the
     collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
     cause another rank posted is added here."""
     rank = watchdog.rank
-    if line := one_line(e, output_dir):  # expected, not a bug: one line says it all
+    if line := one_line(e, output_dir, memory_target_gib):  # expected, not a bug: one line says it all
         report = f"[rank {rank}] error: {line} ({watchdog.position})\n"
     else:
         line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

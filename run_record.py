@@ -104,7 +104,10 @@ def comparable(saved: dict) -> dict:
     if "world_size" not in saved:
         return saved
     old = ("world_size", "samples_per_rank_step")
-    return {**{k: v for k, v in saved.items() if k not in old}, "global_batch": saved[old[0]] * saved[old[1]]}
+    return {
+        **{k: v for k, v in saved.items() if k not in old},
+        "global_batch": saved["world_size"] * saved["samples_per_rank_step"],
+    }
 
 
 def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:
@@ -292,11 +295,17 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     if saved["progress"].get("step_in_epoch"):  # mid-epoch: the rows left are the rest of the checkpoint's order
         order = ("SEED", "data_sha256", "GROUP_BY_LENGTH", *(("MAX_LEN",) if run.PACKING else ()))  # rows' order
         changes = [f"{c} (mid-epoch: cannot change)" if c.split(":")[0] in order else c for c in changes]
-    fixed = [c for c in changes if c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)")]
-    if fixed or (changes and not run.RESUME_ALLOW_CHANGES):
-        allow = "" if fixed else "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
-        if any(c.startswith("global_batch:") for c in changes):
-            allow = same_global_batch(comparable(saved["identity"])["global_batch"], current["global_batch"], run)
+    batch = next((c for c in changes if c.startswith("global_batch:")), None)  # another GPU count, say
+    fixed = [c for c in changes if c != batch and (c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)"))]
+    if batch or fixed or (changes and not run.RESUME_ALLOW_CHANGES):
+        allow = "continue it with these changes with RESUME_ALLOW_CHANGES=1, "
+        if fixed:
+            allow = ""
+        elif batch:
+            others = len(changes) > 1 and not run.RESUME_ALLOW_CHANGES
+            allow = global_batch_advice(
+                comparable(saved["identity"])["global_batch"], current["global_batch"], run, others
+            )
         raise InputError(
             f"{path} was written with other settings ({'; '.join(changes)}): {allow}start fresh with "
             f"RESUME='', or use another OUTPUT_DIR"
@@ -317,15 +326,18 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     return path
 
 
-def same_global_batch(saved: int, now: int, run) -> str:
-    """How this run's ranks (a train_ddp.py Config `run`) reach a checkpoint's global batch: the way to resume it
-    on another number of GPUs. Said as a product: MEMORY_TARGET_GIB's planner re-splits it, keeping it."""
+def global_batch_advice(saved: int, now: int, run, others: bool) -> str:
+    """How this run's ranks (a train_ddp.py Config `run`) reach a checkpoint's global batch, the way to resume it on
+    another number of GPUs (`others`: other changes that need RESUME_ALLOW_CHANGES=1 too). Said as a product:
+    MEMORY_TARGET_GIB's planner re-splits MICRO_BATCH and ACCUM_STEPS, keeping it."""
     world = now // (run.MICRO_BATCH * run.ACCUM_STEPS)
     if saved % world:
-        return f"its global batch of {saved} does not split over {world} ranks: "
+        fits = [str(n) for n in range(1, min(saved, 1024) + 1) if saved % n == 0]
+        return f"its global batch of {saved} splits over {', '.join(fits)} ranks, not {world}: "
+    allow = ", with RESUME_ALLOW_CHANGES=1 for the other changes," if others else ""
     return (
         f"on {world} rank{'s' * (world > 1)}, MICRO_BATCH x ACCUM_STEPS = {saved // world} (now {run.MICRO_BATCH} x "
-        f"{run.ACCUM_STEPS}) keeps that global batch and resumes; or "
+        f"{run.ACCUM_STEPS}){allow} resumes it; or "
     )
 
 

@@ -764,7 +764,7 @@ def main() -> None:
     init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)
     stop = guards.GracefulStop()
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
-    with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR):
+    with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR, cfg.MEMORY_TARGET_GIB):
         # The first collective compares what every rank read: one rank with another environment stops them all.
         eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
         guards.check_same_settings(run_config["settings"], {**identity, "eval_sha256": eval_sha256}, MAY_DIFFER_BY_RANK)

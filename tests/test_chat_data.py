@@ -569,17 +569,18 @@ def test_message_fields_the_chat_template_leaves_out_are_named(tmp_path, tokeniz
         "messages": [
             {"role": "system", "name": "example_user", "content": "What is 2+2?"},
             {"role": "user", "content": "And 3+3?", "name": "ann", "id": "m1"},
-            {"role": "assistant", "content": "6", "name": None, "metadata": {}},
+            {"role": "assistant", "content": "6", "name": None, "metadata": {}, "train": False},
         ]
     }
     rows = chat_data.load_conversations(write_chat(tmp_path, few_shot, chat("a", "b")))
     assert chat_data.fields_left_out(tokenizer, rows, "chat.jsonl") == (
-        "warning: chat.jsonl: the chat template leaves out 'name' (on 2 messages), 'id' (on 1 message): the model "
-        "never sees them (put what matters in the content)"
+        "warning: chat.jsonl: the chat template leaves out 'name' (on 2 messages), 'id' (on 1 message), 'train' (on 1 "
+        "message): the model never sees them (put what matters in the content)"
     )
-    # a template that renders the speaker's name: only 'id' is left out
-    monkeypatch.setattr(
-        tokenizer, "chat_template", "{% for m in messages %}{{ m.get('name', '') }}{{ m.content }}{% endfor %}"
+    # a template that renders a system message's speaker (the role 'name' first has): 'id' and 'train' left out
+    names = (
+        "{% for m in messages %}{% if m.role == 'system' %}{{ m.get('name') }}{% endif %}{{ m.content }}{% endfor %}"
     )
-    assert "leaves out 'id' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "chat.jsonl")
+    monkeypatch.setattr(tokenizer, "chat_template", names)
+    assert "leaves out 'id' (on 1 message), 'train' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "c")
     assert chat_data.fields_left_out(tokenizer, rows[1:], "chat.jsonl") == ""

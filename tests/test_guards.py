@@ -104,6 +104,15 @@ def test_an_out_of_memory_message_in_other_words_is_quoted_and_still_answered():
     line = guards.one_line(torch.OutOfMemoryError(said), "out")
     assert line == (
         f"out of GPU memory ({said[:120]}): MEMORY_TARGET_GIB=<the GPU GiB less 7%> makes the planner choose a layout "
-        f"predicted to fit (if set: lower it), or lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows "
+        f"predicted to fit, or lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows "
         f"what each part needs"
+    )
+
+
+def test_out_of_memory_under_a_memory_target_asks_for_a_lower_one():
+    """The planner chose the layout: lowering MICRO_BATCH does nothing then; a lower target does."""
+    said = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.0 GiB"
+    assert guards.out_of_memory(said, memory_target_gib=130) == (
+        "out of GPU memory (tried to allocate 2.00 GiB on a 139.80 GiB GPU): MEMORY_TARGET_GIB=130 was not low enough; "
+        "MEMORY_TARGET_GIB=117 plans a smaller layout, or lower MAX_LEN"
     )

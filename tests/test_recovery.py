@@ -397,7 +397,7 @@ def test_a_gpu_out_of_memory_ends_the_job_in_one_line_that_names_a_memory_target
     assert run.returncode != 0
     said = re.search(
         r"^\[rank 1\] error: out of GPU memory \(tried to allocate [\d.]+ GiB on a ([\d.]+) GiB GPU with [\d.]+ \w+ in "
-        r"use\): MEMORY_TARGET_GIB=(\d+) makes the planner choose a layout predicted to fit \(if set: lower it\), or "
+        r"use\): MEMORY_TARGET_GIB=(\d+) makes the planner choose a layout predicted to fit, or "
         r"lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs "
         r"\(before optimizer step 1\)$",
         run.output,

@@ -137,13 +137,33 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
 
     assert resume(1, 2, 8) == saved == resume(4, 4, 1)
     refused = {
-        (1, 2, 4): "checkpoint 16, now 8): on 1 rank, MICRO_BATCH x ACCUM_STEPS = 16 (now 2 x 4) keeps that global",
-        (4, 3, 1): "now 12): on 4 ranks, MICRO_BATCH x ACCUM_STEPS = 4 (now 3 x 1) keeps that global batch and resumes",
-        (3, 2, 4): "now 24): its global batch of 16 does not split over 3 ranks: start fresh with RESUME=''",
+        (1, 2, 4): "checkpoint 16, now 8): on 1 rank, MICRO_BATCH x ACCUM_STEPS = 16 (now 2 x 4) resumes it; or start",
+        (4, 3, 1): "now 12): on 4 ranks, MICRO_BATCH x ACCUM_STEPS = 4 (now 3 x 1) resumes it; or start fresh",
+        (
+            3,
+            2,
+            4,
+        ): "now 24): its global batch of 16 splits over 1, 2, 4, 8, 16 ranks, not 3: start fresh with RESUME=''",
     }
     for layout, says in refused.items():
         with pytest.raises(InputError, match=re.escape(says)):
             resume(*layout)
+
+    def refusal(allow_changes, **now):  # on 1 rank at 2 x 4, with other changes too
+        run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), RESUME_ALLOW_CHANGES=allow_changes)
+        run = dataclasses.replace(run, MICRO_BATCH=2, ACCUM_STEPS=4)
+        with pytest.raises(InputError) as e:
+            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, **now}, 6)
+        return str(e.value)
+
+    other_lr = "= 16 (now 2 x 4), with RESUME_ALLOW_CHANGES=1 for the other changes, resumes it; or start fresh"
+    assert other_lr in refusal(False, LR=1e-4)
+    assert "= 16 (now 2 x 4) resumes it; or" in refusal(True, LR=1e-4)  # the LR change allowed already
+    lora_r = refusal(True, LORA_R=8)  # never continues: no advice but a fresh start
+    assert lora_r.endswith(
+        "(LORA_R: checkpoint None, now 8; global_batch: checkpoint 16, now 8): start fresh with RESUME='', or use "
+        "another OUTPUT_DIR"
+    ), lora_r
     # an identity saved before global_batch is compared by the two factors it held
     assert (
         run_record.differences({"world_size": 2, "samples_per_rank_step": 8, "LR": 1}, {"global_batch": 16, "LR": 1})

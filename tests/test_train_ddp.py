@@ -583,7 +583,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_one_line_naming_a_memory_target(tm
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "[rank 0] error: out of GPU memory (tried to allocate 1.50 GiB on a 79.19 GiB GPU with 78.43 GiB in use): "
-        "MEMORY_TARGET_GIB=73 makes the planner choose a layout predicted to fit (if set: lower it), or lower "
+        "MEMORY_TARGET_GIB=73 makes the planner choose a layout predicted to fit, or lower "
         "MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs"
     )
 
