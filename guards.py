@@ -144,9 +144,10 @@ class HangWatchdog(threading.Thread):
     2 s: a collective pending longer than the timeout (on gloo 5 s more: its own error comes first)
     ends the rank with the report. It also posts how many collectives this rank has entered to the
     rendezvous store (plain TCP), so a report can name the ranks that never joined, and beats there, so
-    peers can tell that this process still lives. When the store stops answering, the process that holds it
-    is gone (torchrun's agent; rank 0 under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): `stop` is asked to end
-    the job after this step, and the store is not asked again (each failed call logs a page of C++ frames).
+    peers can tell that this process still lives. When torchrun's agent (this rank's parent) exits, or the
+    store stops answering (its host is gone: the agent; rank 0 under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1),
+    `stop` is asked to end the job after this step, and the store is not asked again (each failed call logs
+    a page of C++ frames; the parent is looked at first, so a node's own agent costs none).
     """
 
     def __init__(self, rank: int, world: int, timeout_s: float, stop: "GracefulStop"):
@@ -159,7 +160,8 @@ class HangWatchdog(threading.Thread):
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
         )
         self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
-        self.store_gone = None  # the error of the call that found the store's host gone
+        self.store_gone = None  # how the store's host was found gone
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None  # torchrun's agent
         sharing = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"  # torchrun's agent lends its store
         self.store_host = "the launcher" if sharing else "rank 0"
         self.stopped = threading.Event()
@@ -182,13 +184,16 @@ class HangWatchdog(threading.Thread):
             try:
                 return question(self.store)
             except (RuntimeError, OSError) as e:
-                self.store_gone = type(e).__name__
+                self.store_gone = f"the rendezvous store it holds does not answer: {type(e).__name__}"
         return default
 
     def run(self) -> None:
         loss_reported = False
         while not self.stopped.wait(2.0):
             pending, entered = self.state()
+            if self.launcher is not None and os.getppid() != self.launcher and self.store_gone is None:
+                self.store_gone = f"its process {self.launcher} exited"  # the store it may hold: not asked again
+                self.store_host = "the launcher"
             self.ask_store(lambda store: store.add(f"beats/{self.rank}", 1))
             if entered != self.posted:  # (once the store is gone, nothing is posted again)
                 self.ask_store(lambda store, count=str(entered): store.set(f"entered/{self.rank}", count))
@@ -197,8 +202,7 @@ class HangWatchdog(threading.Thread):
                 loss_reported = True
                 self.graceful.request(f"the loss of {self.store_host}")
                 self.report(
-                    f"{self.store_host} is gone (the rendezvous store it holds does not answer: {self.store_gone}): "
-                    f"stopping after this step ({self.position})"
+                    f"{self.store_host} is gone ({self.store_gone}): stopping after this step ({self.position})"
                 )
             stuck_s = (time.time_ns() - pending[0]["time_created_ns"]) / 1e9 if pending else 0
             if stuck_s > self.timeout_s + self.grace_s and not self.reporting.is_set():
@@ -262,7 +266,7 @@ class HangWatchdog(threading.Thread):
             }
         )
         if posted is None:
-            return f"unknown ({self.store_host}, which holds the store, is gone: {self.store_gone})"
+            return f"unknown ({self.store_host} is gone: {self.store_gone})"
         return [r for r in range(self.world) if posted.get(r, 0) < seq]
 
     def describe(self, e: dict) -> str:
