@@ -912,3 +912,20 @@ def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_t
     assert run.returncode == 0, run.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))
     assert not (out / ".lock").exists() and not list(out.glob(".lock*")), list(out.iterdir())  # nothing left
+
+
+def test_a_node_whose_own_launcher_is_killed_stops_the_job_with_a_checkpoint(tmp_path, data):
+    """Node 1's agent holds no store: its ranks see it gone as their parent's exit, and every rank stops."""
+    out = tmp_path / "out"
+    nodes = Job.two_nodes(job_env(data, out, SAVE_EVERY="0", NUM_WORKERS="2", EPOCHS="8"))  # 24 steps
+    nodes[0].wait_for("step 1 |")
+    nodes[1].proc.kill()
+    nodes[1].reader.join(60)  # its rank is gone
+    assert re.search(r"\[rank 1\] the launcher is gone \(its process \d+ exited\): stopping", nodes[1].output), nodes[
+        1
+    ].output[-3000:]
+    nodes[0].wait_for("stopped by another rank after step", timeout=60)  # then torchelastic's exit barrier waits
+    nodes[0].kill()  # for the lost agent (300 s)
+    stopped = re.search(r"stopped by another rank after step (\d+): \S+ saved", nodes[0].output)
+    assert stopped and int(stopped[1]) < 24, nodes[0].output[-3000:]
+    assert run_record.damage(out / "checkpoints" / f"step-{int(stopped[1]):08d}") is None
