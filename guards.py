@@ -29,6 +29,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -74,25 +75,43 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
     return None
 
 
+def gib(amount: str) -> float:
+    """torch's '1.05 GiB' / '512.00 MiB' / '3.19 KiB' / '20 bytes' in GiB."""
+    number, unit = amount.split()
+    return float(number) / 1024 ** {"GiB": 0, "MiB": 1, "KiB": 2}.get(unit, 3)
+
+
 def out_of_memory(message: str, memory_target_gib: float = 0.0) -> str:
     """What to do when the GPU ran out of memory (torch's `message` says what it tried on how large a card): a
     memory target for the planner, 93% of the card (the README's H200 row: 130 of 139.8 GiB), or a tenth below
-    the MEMORY_TARGET_GIB the run had (its layout then is the planner's: MICRO_BATCH is not yours to lower)."""
-    card = re.search(r"Tried to allocate ([\d.]+ \w+)\. GPU \d+ has a total capacity of ([\d.]+) GiB", message)
+    the MEMORY_TARGET_GIB the run had (its layout then is the planner's: MICRO_BATCH is not yours to lower).
+    Memory other processes hold (the card's used memory beyond this process's: a previous run left behind, a
+    second job on the same GPU) is named and left out of the target."""
+    card = re.search(
+        r"Tried to allocate ([\d.]+ \w+)\. GPU \d+ has a total capacity of ([\d.]+) GiB"
+        r"(?: of which ([\d.]+ \w+) is free)?",
+        message,
+    )
     in_use = re.search(r"this process has ([\d.]+ \w+) memory in use", message)
+    others = float(card[2]) - gib(card[3]) - gib(in_use[1]) if card and card[3] and in_use else 0.0
+    others = others if others >= 1 else 0.0  # below a GiB: rounding in torch's figures
     if card:
         said = f"tried to allocate {card[1]} on a {card[2]} GiB GPU" + (f" with {in_use[1]} in use" if in_use else "")
+        said += f"; other processes hold {others:.1f} GiB of it (nvidia-smi names them)" if others else ""
     else:
         said = message.splitlines()[0][:120]
+    room = (float(card[2]) - others) * 0.93 if card else math.inf  # what this process may plan for
+    end_them = ", or end the other processes" if others else ""
     if memory_target_gib:
         return (
             f"out of GPU memory ({said}): MEMORY_TARGET_GIB={memory_target_gib:g} was not low enough; "
-            f"MEMORY_TARGET_GIB={int(memory_target_gib * 0.9)} plans a smaller layout, or lower MAX_LEN"
+            f"MEMORY_TARGET_GIB={int(min(memory_target_gib * 0.9, room))} plans a smaller layout, or lower "
+            f"MAX_LEN{end_them}"
         )
-    target = int(float(card[2]) * 0.93) if card else "<the GPU GiB less 7%>"
     return (
-        f"out of GPU memory ({said}): MEMORY_TARGET_GIB={target} makes the planner choose a layout predicted to fit, "
-        f"or lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs"
+        f"out of GPU memory ({said}): MEMORY_TARGET_GIB={int(room) if card else '<the GPU GiB less 7%>'} makes the "
+        f"planner choose a layout predicted to fit, or lower MICRO_BATCH or MAX_LEN{end_them}; python "
+        f"memory_budget.py MODEL_ID shows what each part needs"
     )
 
 

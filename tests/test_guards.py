@@ -109,6 +109,26 @@ def test_an_out_of_memory_message_in_other_words_is_quoted_and_still_answered():
     )
 
 
+def test_out_of_memory_names_what_other_processes_hold_and_plans_without_it():
+    """A run left behind on the same GPU (torch's message lists it): the target is 93% of what it leaves."""
+    said = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 12.50 MiB "
+        "is free. Process 4242 has 40.00 GiB memory in use. Including non-PyTorch memory, this process has 39.17 GiB "
+        "memory in use. Of the allocated memory 37.02 GiB is allocated by PyTorch"
+    )
+    assert guards.out_of_memory(said) == (
+        "out of GPU memory (tried to allocate 2.00 GiB on a 79.19 GiB GPU with 39.17 GiB in use; other processes hold "
+        "40.0 GiB of it (nvidia-smi names them)): MEMORY_TARGET_GIB=36 makes the planner choose a layout predicted to "
+        "fit, or lower MICRO_BATCH or MAX_LEN, or end the other processes; python memory_budget.py MODEL_ID shows "
+        "what each part needs"
+    )  # 0.93 x (79.19 - 40.0) = 36.4
+    assert "MEMORY_TARGET_GIB=36 plans a smaller layout" in guards.out_of_memory(said, memory_target_gib=70)
+    alone = said.replace("Process 4242 has 40.00 GiB memory in use. ", "").replace("39.17", "79.17")
+    assert "other processes" not in guards.out_of_memory(alone) and "MEMORY_TARGET_GIB=73 " in guards.out_of_memory(
+        alone
+    )
+
+
 def test_out_of_memory_under_a_memory_target_asks_for_a_lower_one():
     """The planner chose the layout: lowering MICRO_BATCH does nothing then; a lower target does."""
     said = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.0 GiB"

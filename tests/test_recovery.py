@@ -397,13 +397,13 @@ def test_a_gpu_out_of_memory_ends_the_job_in_one_line_that_names_a_memory_target
     assert run.returncode != 0
     said = re.search(
         r"^\[rank 1\] error: out of GPU memory \(tried to allocate [\d.]+ GiB on a ([\d.]+) GiB GPU with [\d.]+ \w+ in "
-        r"use\): MEMORY_TARGET_GIB=(\d+) makes the planner choose a layout predicted to fit, or "
-        r"lower MICRO_BATCH or MAX_LEN; python memory_budget.py MODEL_ID shows what each part needs "
-        r"\(before optimizer step 1\)$",
+        r"use(?:; other processes hold ([\d.]+) GiB of it \(nvidia-smi names them\))?\): MEMORY_TARGET_GIB=(\d+) makes "
+        r"the planner choose a layout predicted to fit, or lower MICRO_BATCH or MAX_LEN(?:, or end the other "
+        r"processes)?; python memory_budget.py MODEL_ID shows what each part needs \(before optimizer step 1\)$",
         run.output,
         re.M,
-    )
-    assert said and int(said[2]) == int(float(said[1]) * 0.93), run.output[-4000:]
+    )  # other processes: the lane's other test, on the same GPUs
+    assert said and abs(int(said[3]) - (float(said[1]) - float(said[2] or 0)) * 0.93) <= 1, run.output[-4000:]
     own_report = run.output.split("[rank 1] error:")[1].split("[rank 0]")[0]
     assert "Traceback" not in own_report, run.output[-4000:]  # one line, not a stack
     assert "OutOfMemoryError: out of GPU memory (tried" in run.output  # torchrun's summary: the same line
