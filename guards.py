@@ -409,10 +409,10 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str, memory_targ
         # beating on while reporting: a peer that fails at the same moment (both waited in collectives that
         # do not match) must not read this rank as gone
         watchdog.reporting.set()
-        to_stderr(failure_report(e, watchdog, output_dir, memory_target_gib))
-        record_for_torchrun(
-            e, one_line(e, output_dir, memory_target_gib)
-        )  # after the report: a peer that died first stays the cause
+        line = one_line(e, output_dir, memory_target_gib)  # expected, not a bug: one line says it all
+        to_stderr(failure_report(e, watchdog, line))
+        # torchrun's summary, after the report: a peer that died first stays the cause
+        record_for_torchrun(e, line and f"{line} ({watchdog.position})")
         sys.stdout.flush()
         if lock:
             lock.release()
@@ -431,12 +431,12 @@ def leave_process_group() -> None:
     dist.destroy_process_group()
 
 
-def failure_report(e: Exception, watchdog: HangWatchdog, output_dir: str, memory_target_gib: float = 0.0) -> str:
-    """What a failed rank prints: one line for an expected failure (one_line); else the traceback, the
+def failure_report(e: Exception, watchdog: HangWatchdog, line: str | None) -> str:
+    """What a failed rank prints: for an expected failure its one `line` (one_line); else the traceback, the
     collective it is stuck in and the peer that is gone. The cause goes to the peers too, and the first
     cause another rank posted is added here."""
     rank = watchdog.rank
-    if line := one_line(e, output_dir, memory_target_gib):  # expected, not a bug: one line says it all
+    if line:
         report = f"[rank {rank}] error: {line} ({watchdog.position})\n"
     else:
         line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
