@@ -250,6 +250,20 @@ class HangWatchdog(threading.Thread):
             lambda store: store.set(f"failure/{store.add('failures', 1)}", f"rank {self.rank} failed: {line}")
         )
 
+    def post_stop(self, reason: str) -> None:
+        """Tell the peers why this rank asks the job to stop: they learn only the flag, in the step's all-reduce."""
+        self.ask_store(lambda store: store.set(f"stop/{self.rank}", reason))
+
+    def stops_posted(self) -> str | None:
+        """Who asked the job to stop, as the ranks posted it ("SIGTERM on rank 1"); None if nobody could."""
+        posted = self.ask_store(
+            lambda store: {r: store.get(f"stop/{r}").decode() for r in range(self.world) if store.check([f"stop/{r}"])},
+            {},
+        )
+        by_reason = {reason: [r for r in posted if posted[r] == reason] for reason in posted.values()}
+        said = [f"{why} on rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}" for why, rs in by_reason.items()]
+        return "; ".join(said) or None
+
     def first_failure(self) -> str:
         """The first failure any rank posted ("" if none did): what the others' errors follow from."""
         return self.ask_store(lambda store: store.get("failure/1").decode() if store.add("failures", 0) else "", "")
@@ -339,8 +353,8 @@ class GracefulStop:
 
     @property
     def by(self) -> str:
-        """Who stopped the job, as this rank knows it (a peer's signal reaches it as the all-reduced flag only)."""
-        return self.reason or "another rank"
+        """Who stopped the job: this rank's own reason, else what the peers posted (HangWatchdog.stops_posted)."""
+        return self.reason or (self.watchdog and self.watchdog.stops_posted()) or "another rank"
 
     def request(self, reason: str) -> None:
         """Stop at the end of this step with a checkpoint, as on SIGTERM (every rank learns it in the step's
@@ -364,6 +378,7 @@ class GracefulStop:
             if self.signal is None:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()
+                self.watchdog.post_stop(self.signal.name)  # after: a store that hangs must not delay the stop
             elif signum == signal.SIGINT:
                 self.watchdog.report("a second Ctrl-C: exiting at once, without a checkpoint")
                 os._exit(128 + signum)

@@ -805,16 +805,18 @@ def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_r
         rf"{out}/checkpoints/set-aside-\d+-\d+: RESUME=auto continues this run",
         run.output,
     ), run.output[-4000:]
-    assert "evaluation at step 3 skipped: stopped by another rank" in run.output, run.output[-4000:]
+    assert "evaluation at step 3 skipped: stopped by SIGTERM on rank 1" in run.output, run.output[-4000:]
     assert re.search(
-        r"stopped by another rank after step 3: \S+step-00000003 saved; RESUME=auto \(or RESUME=\S+\) resumes",
+        r"stopped by SIGTERM on rank 1 after step 3: \S+step-00000003 saved; RESUME=auto \(or RESUME=\S+\) resumes",
         run.output,
     ), run.output[-4000:]
     assert [r["step"] for r in metrics(out) if "eval_loss" in r] == []  # the evaluation was abandoned
     assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002", "step-00000003"]
     again = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT="term@3@1"))  # stopped again, in that evaluation
     assert again.returncode == 0 and resumed_step(again.output) == 3, again.output[-3000:]
-    assert re.search(r"stopped by another rank before step 4: \S+step-00000003 still holds this state", again.output)
+    assert re.search(
+        r"stopped by SIGTERM on rank 1 before step 4: \S+step-00000003 still holds this state", again.output
+    )
     assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002", "step-00000003"]
     resumed = torchrun(ROOT / "train_ddp.py", env=job_env(data, out))
     assert resumed.returncode == 0 and resumed_step(resumed.output) == 3, resumed.output[-3000:]
@@ -828,7 +830,7 @@ def test_sigterm_as_the_final_evaluation_starts_still_saves_the_adapter(tmp_path
     out = tmp_path / "out"
     run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT=f"term@{TOTAL_STEPS}@1", EVAL_EVERY="0"))
     assert run.returncode == 0, run.output[-4000:]
-    assert "final evaluation skipped: stopped by another rank" in run.output, run.output[-4000:]
+    assert "final evaluation skipped: stopped by SIGTERM on rank 1" in run.output, run.output[-4000:]
     assert_bitwise_equal(adapter(out), adapter(reference))  # the evaluations never touch the training
 
 
