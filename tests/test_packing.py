@@ -106,4 +106,6 @@ def test_a_packed_run_killed_mid_epoch_resumes_bitwise(tmp_path, backend):
     run = torchrun(ROOT / "train_ddp.py", env={**env, "OUTPUT_DIR": str(tmp_path / "out")}, backend=backend)
     assert run.returncode == 0, run.output[-4000:]
     assert resumed_step(run.output) >= 3
+    counting = f"packing: counting the token lengths of {20 * RANKS} rows, once (kept in "
+    assert counting in reference.output and counting not in run.output, run.output[-4000:]  # the resume reuses them
     assert_bitwise_equal(adapter(tmp_path / "out"), adapter(tmp_path / "reference"))
