@@ -132,6 +132,8 @@ def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
     messages = row.get("messages") if isinstance(row, dict) else None
     if not isinstance(messages, list) or not messages:
         raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
+    if field := next((f for f in ROW_NOT_RENDERED if row.get(f)), None):
+        raise InputError(f"{where}: has a row-level {field!r}, which is not rendered; {ROW_NOT_RENDERED[field]}")
     messages = [checked_message(m, f"{where}: messages[{j}]") for j, m in enumerate(messages)]
     if messages[0]["role"] == "assistant":
         raise InputError(f"{where}: messages[0] is from the assistant; a conversation starts with system or user")
@@ -197,6 +199,14 @@ NOT_RENDERED = {
         "drop the field to train on the answer alone, or drop the row",
     ),
 }
+# ... and keys beside "messages" that would change what the model sees, dropped without a word otherwise
+ROW_NOT_RENDERED = {
+    "system": "make it the first message, {'role': 'system', 'content': ...}",
+    **dict.fromkeys(
+        ("tools", "functions"),
+        "tool definitions are not trained on here: drop the key to train without them, or drop the row",
+    ),
+}
 
 
 def checked_message(m, where: str) -> dict:
@@ -211,6 +221,8 @@ def checked_message(m, where: str) -> dict:
         raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)}){hint}")
     if field := next((f for f in NOT_RENDERED if m.get(f)), None):
         raise InputError(f"{where}: has {field!r}, which the chat template does not render; {NOT_RENDERED[field]}")
+    if "weight" in m and m["weight"] is None:  # not set (a datasets export writes null for a missing field)
+        m = {k: v for k, v in m.items() if k != "weight"}
     if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1)):
         on = "" if m["role"] == "assistant" else f" on a {m['role']} message"
         raise InputError(

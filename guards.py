@@ -365,10 +365,11 @@ class GracefulStop:
         self.watchdog = watchdog
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
+        # the pipe first: a signal between the two steps would otherwise run a handler that does nothing
         signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)  # written by the C handler, at once
         threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
 
     def _watch(self, read_end: int) -> None:
         while True:

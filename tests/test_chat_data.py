@@ -133,6 +133,16 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: messages[1]: has 'reasoning_content', which the chat template does not render; thinking traces",
         ),
         (
+            '{"system": "Be terse.", "messages": [{"role": "user", "content": "Hi"}, '
+            '{"role": "assistant", "content": "Yo"}]}',
+            "2: has a row-level 'system', which is not rendered; make it the first message, {'role': 'system'",
+        ),
+        (
+            '{"tools": [{"type": "function", "function": {"name": "f"}}], '
+            '"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}',
+            "2: has a row-level 'tools', which is not rendered; tool definitions are not trained on here",
+        ),
+        (
             '{"messages": [{"role": "user", "content": "Hack it"}, {"role": "assistant", "content": null, '
             '"refusal": "I cannot help with that."}]}',
             "2: messages[1]: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
@@ -191,6 +201,8 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "pretty-printed",
         "tool-calls",
         "reasoning",
+        "row-level-system",
+        "row-level-tools",
         "refusal",
         "weight-on-user",
         "all-weight-0",
@@ -416,6 +428,18 @@ def test_an_answer_of_invisible_characters_is_an_empty_answer(tmp_path):
         InputError, match=r"chat\.jsonl:2: an assistant turn with empty content, in 3 row\(s\) \(lines 2, 3, 4\)"
     ):
         chat_data.load_conversations(path)
+
+
+def test_a_null_weight_is_not_set(tmp_path):
+    """A datasets export writes "weight": null on every message that had none: the row loads as without it."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        '{"messages": [{"role": "user", "content": "Hi", "weight": null}, '
+        '{"role": "assistant", "content": "Yo", "weight": null}]}\n'
+    )
+    assert chat_data.load_conversations(str(data)) == [
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    ]
 
 
 def test_an_answer_of_weight_0_is_context_not_a_target(tokenizer):

@@ -73,6 +73,7 @@ import guards
 class Watchdog:  # what GracefulStop asks of guards.HangWatchdog, for a rank alone
     rank, position = 0, "in optimizer step 3"
     heartbeats, stopped_beating, first_failure = dict, lambda self, before, now: [], str
+    post_stop = lambda self, reason: None
     def report(self, text):
         guards.to_stderr(f"[rank {self.rank}] {text}")
 
