@@ -214,6 +214,8 @@ def checked_message(m, where: str) -> dict:
     OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
     if not isinstance(m, dict):
         raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
+    if "role" not in m:  # another shape of message ({"from", "value"}, {"type", "data"})
+        raise InputError(f"{where}: no 'role' (its keys: {', '.join(map(str, m))}); a message is {{'role', 'content'}}")
     if m.get("role") not in ROLES:
         role = m.get("role")
         known = str(role).lower()
@@ -243,6 +245,10 @@ def checked_message(m, where: str) -> dict:
         content = "\n".join(part["text"] for part in content)
     if content is None and m.get("refusal"):
         raise InputError(f"{where}: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'")
+    if "content" not in m:  # e.g. Gemini's "parts", or the text under "text" or "value"
+        raise InputError(
+            f"{where}: no 'content' (its keys: {', '.join(map(str, m))}); a message is {{'role', 'content'}}"
+        )
     if not isinstance(content, str):
         raise InputError(
             f"{where}: 'content' is {json.dumps(content)[:40]}; it must be a string (or a list of text parts)"
@@ -339,7 +345,8 @@ def answer_cue(tokenizer) -> tuple[str, str]:
     """How the chat template opens an assistant turn: (the header that the turn, rendered as history, starts
     with; the text the generation prompt adds after that header). The templates of Gemma 4's larger checkpoints
     end the generation prompt with an empty thought block ('<|channel>thought\\n<channel|>', thinking off) that
-    their history drops; other templates (the tiny model's) add nothing. Read off a probe conversation."""
+    their history drops (the tiny model's template does too); other templates add nothing. Read off a probe
+    conversation."""
     user = [{"role": "user", "content": "x"}]
     before = tokenizer.apply_chat_template(user, tokenize=False)
     prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)[len(before) :]

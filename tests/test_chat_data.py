@@ -143,6 +143,14 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: has a row-level 'tools', which is not rendered; tool definitions are not trained on here",
         ),
         (
+            '{"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
+            "2: messages[0]: no 'role' (its keys: from, value); a message is {'role', 'content'}",
+        ),
+        (
+            '{"messages": [{"role": "user", "parts": [{"text": "Hi"}]}, {"role": "assistant", "content": "Yo"}]}',
+            "2: messages[0]: no 'content' (its keys: role, parts); a message is {'role', 'content'}",
+        ),
+        (
             '{"messages": [{"role": "user", "content": "Hack it"}, {"role": "assistant", "content": null, '
             '"refusal": "I cannot help with that."}]}',
             "2: messages[1]: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
@@ -203,6 +211,8 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "reasoning",
         "row-level-system",
         "row-level-tools",
+        "sharegpt-keys-in-messages",
+        "gemini-parts",
         "refusal",
         "weight-on-user",
         "all-weight-0",
