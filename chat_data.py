@@ -215,7 +215,7 @@ def checked_message(m, where: str) -> dict:
     if not isinstance(m, dict):
         raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
     if "role" not in m:  # another shape of message ({"from", "value"}, {"type", "data"})
-        raise InputError(f"{where}: no 'role' (its keys: {', '.join(map(str, m))}); a message is {{'role', 'content'}}")
+        raise InputError(missing_key("role", m, where))
     if m.get("role") not in ROLES:
         role = m.get("role")
         known = str(role).lower()
@@ -246,9 +246,7 @@ def checked_message(m, where: str) -> dict:
     if content is None and m.get("refusal"):
         raise InputError(f"{where}: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'")
     if "content" not in m:  # e.g. Gemini's "parts", or the text under "text" or "value"
-        raise InputError(
-            f"{where}: no 'content' (its keys: {', '.join(map(str, m))}); a message is {{'role', 'content'}}"
-        )
+        raise InputError(missing_key("content", m, where))
     if not isinstance(content, str):
         raise InputError(
             f"{where}: 'content' is {json.dumps(content)[:40]}; it must be a string (or a list of text parts)"
@@ -261,6 +259,10 @@ def checked_message(m, where: str) -> dict:
             f"not Unicode text: a broken \\u escape in the JSON; fix or drop the row"
         ) from None
     return {**m, "content": content}
+
+
+def missing_key(key: str, message: dict, where: str) -> str:
+    return f"{where}: no {key!r} (its keys: {', '.join(map(str, message))}); a message is {{'role', 'content'}}"
 
 
 def json_hint(line: str, error: json.JSONDecodeError, path: str) -> str:

@@ -251,18 +251,19 @@ class HangWatchdog(threading.Thread):
         )
 
     def post_stop(self, reason: str) -> None:
-        """Tell the peers why this rank asks the job to stop: they learn only the flag, in the step's all-reduce."""
-        self.ask_store(lambda store: store.set(f"stop/{self.rank}", reason))
+        """Tell the peers why this rank asks the job to stop: they learn only the flag, in the step's all-reduce.
+        Numbered as post_failure's, so reading them costs a call per stop, not per rank."""
+        self.ask_store(lambda store: store.set(f"stop/{store.add('stops', 1)}", f"{reason}\t{self.rank}"))
 
     def stops_posted(self) -> str | None:
         """Who asked the job to stop, as the ranks posted it ("SIGTERM on rank 1"); None if nobody could."""
         posted = self.ask_store(
-            lambda store: {r: store.get(f"stop/{r}").decode() for r in range(self.world) if store.check([f"stop/{r}"])},
-            {},
+            lambda store: [store.get(f"stop/{i}").decode() for i in range(1, store.add("stops", 0) + 1)], []
         )
-        by_reason = {reason: [r for r in posted if posted[r] == reason] for reason in posted.values()}
-        said = [f"{why} on rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}" for why, rs in by_reason.items()]
-        return "; ".join(said) or None
+        ranks = {}
+        for why, rank in (p.split("\t") for p in posted):
+            ranks.setdefault(why, []).append(rank)
+        return "; ".join(f"{why} on rank{'s' * (len(rs) > 1)} {', '.join(rs)}" for why, rs in ranks.items()) or None
 
     def first_failure(self) -> str:
         """The first failure any rank posted ("" if none did): what the others' errors follow from."""
