@@ -4,7 +4,7 @@
   expected failures, each one line, not a traceback.
 - HangWatchdog: a collective stuck past the timeout ends the rank with a report (on NCCL too, where the
   wait is on the GPU); it beats in the rendezvous store, so peers can tell a dead process from a slow one.
-- GracefulStop: SIGTERM, Ctrl-C or a lost launcher finish the step, checkpoint and exit 0.
+- GracefulStop: SIGTERM, Ctrl-C, SIGHUP or a lost launcher finish the step, checkpoint and exit 0.
 - failures_reported(): around everything after the process group exists: any failure is reported with the
   step, the stuck collective and the first cause any rank posted; the rank then leaves, bounded.
 - check_replicas_identical(): the drift check, an all-gather of every rank's adapter checksum.
@@ -21,7 +21,8 @@ from its rank alone:
   exit do; torchrun's and the cluster's are ignored (the rank handles those, and ends its workers).
 - it dies with its rank (Linux PR_SET_PDEATHSIG), which may end without any cleanup (os._exit after
   a failure, SIGKILL);
-- Ctrl-C at the terminal reaches the whole foreground group: the rank handles it, the worker ignores it.
+- Ctrl-C at the terminal reaches the whole foreground group, and torchrun passes a closed terminal's SIGHUP
+  to the rank's group: the rank handles both, the worker ignores them.
 """
 
 import contextlib
@@ -329,7 +330,8 @@ def stop_asked(stop: "GracefulStop | None") -> bool:
 
 
 class GracefulStop:
-    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C or a lost launcher (HangWatchdog): every
+    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C, a closed terminal (SIGHUP, which torchrun
+    passes on; left alone where it is ignored, as under nohup) or a lost launcher (HangWatchdog): every
     rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.
 
     A Python signal handler runs only when the main thread returns to Python, which a rank blocked in
@@ -346,6 +348,7 @@ class GracefulStop:
 
     def __init__(self):
         self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
+        self.handled = ()  # the signals that stop the job gracefully, set by install()
 
     @property
     def reason(self) -> str | None:
@@ -369,13 +372,16 @@ class GracefulStop:
         # the pipe first: a signal between the two steps would otherwise run a handler that does nothing
         signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)  # written by the C handler, at once
         threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        self.handled = [signal.SIGTERM, signal.SIGINT]
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            self.handled.append(signal.SIGHUP)
+        for sig in self.handled:
             signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
 
     def _watch(self, read_end: int) -> None:
         while True:
             signum = os.read(read_end, 1)[0]  # every signal with a Python handler (DataLoader's SIGCHLD too)
-            if signum not in (signal.SIGTERM, signal.SIGINT):
+            if signum not in self.handled:
                 continue
             if self.signal is None:
                 self.signal = signal.Signals(signum)
@@ -545,6 +551,7 @@ def loader_worker_init(rank_pid: int):
 
 def bind_worker_to_rank(rank_pid: int, worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # torchrun passes a hangup on to the rank's whole group
     signal.set_wakeup_fd(-1)  # a forked worker inherits the rank's wakeup pipe: its signals are not the rank's
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

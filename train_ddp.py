@@ -114,7 +114,7 @@ class Config:
     KEEP_CHECKPOINTS: int = 2  # newest periodic checkpoints kept (at least 1)
     RESUME: str = "auto"  # "auto": newest intact checkpoint of this run in OUTPUT_DIR; "": never; or a path
     RESUME_ALLOW_CHANGES: bool = False  # continue a checkpoint of other settings (LR, EPOCHS, data)
-    SAVE_ON_SIGTERM: bool = True  # SIGTERM/Ctrl-C: finish the step, checkpoint, exit 0 (0: die at once)
+    SAVE_ON_SIGTERM: bool = True  # SIGTERM/Ctrl-C/SIGHUP: finish the step, checkpoint, exit 0 (0: die at once)
     NAN_POLICY: str = "skip"  # non-finite loss/grad on any rank: "skip" the update or "stop"
     DRIFT_CHECK_EVERY: int = 50  # compare adapter checksums across ranks (0: only at the end)
     DIST_TIMEOUT_S: int = 300  # after step 1: a collective stuck this long ends the job with a report

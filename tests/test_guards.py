@@ -83,17 +83,41 @@ time.sleep(60)  # a step that takes long: the first Ctrl-C waits for its end
 """
 
 
-def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
+def stopping_rank(**popen) -> subprocess.Popen:
+    """A rank with GracefulStop installed, in the middle of a long step."""
     rank = subprocess.Popen(
         [sys.executable, "-c", STOPPING, str(Path(guards.__file__).parent)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **popen,
     )
     assert rank.stdout.readline() == "ready\n"
-    rank.send_signal(signal.SIGINT)
+    return rank
+
+
+def still_running_after(rank: subprocess.Popen, sig: signal.Signals) -> bool:
+    rank.send_signal(sig)
     time.sleep(0.5)
-    assert rank.poll() is None  # the first one waits for the step's end
+    return rank.poll() is None
+
+
+def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
+    rank = stopping_rank()
+    assert still_running_after(rank, signal.SIGINT)  # the first one waits for the step's end
+    rank.send_signal(signal.SIGINT)
+    assert rank.wait(10) == 128 + signal.SIGINT
+    assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])
+def test_a_hangup_stops_at_the_end_of_the_step_unless_the_job_ignores_it(nohup):
+    """A closed terminal's SIGHUP (torchrun passes it on) is a stop request like SIGTERM, so the next Ctrl-C is
+    the second one; under nohup it stays ignored, and the next Ctrl-C is the first."""
+    rank = stopping_rank(preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
+    assert still_running_after(rank, signal.SIGHUP)
+    if nohup:
+        assert still_running_after(rank, signal.SIGINT)
     rank.send_signal(signal.SIGINT)
     assert rank.wait(10) == 128 + signal.SIGINT
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"

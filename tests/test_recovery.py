@@ -771,18 +771,28 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
     assert_bitwise_equal(adapter(out), adapter(reference))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda sig: sig.name)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sigterm_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(tmp_path, data, references, backend):
+def test_a_stop_signal_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(
+    tmp_path, data, references, backend, sig
+):
+    """SIGTERM is what a cluster sends at preemption; SIGHUP what a closed terminal sends (torchrun passes both on
+    to each rank's process group, the loaders' workers included). SIGHUP on NCCL is left out: there it takes
+    SIGTERM's path (GracefulStop)."""
+    if backend == "nccl" and sig == signal.SIGHUP:
+        pytest.skip("SIGTERM's path on NCCL; SIGHUP is covered on gloo")
     reference = references(backend)
     out = tmp_path / "out"
     job = Job.single_node(
         job_env(data, out, SAVE_EVERY="0", SAVE_ON_SIGTERM="1", NUM_WORKERS="2"), backend=backend
     )  # no periodic checkpoint
     job.wait_for("step 1 |")
-    job.proc.send_signal(signal.SIGTERM)  # what a cluster sends at preemption
+    job.proc.send_signal(sig)
     job.wait(60)
-    assert_gone_soon_after_last_line(job)  # the loaders' workers too, which also received the SIGTERM
-    stopped = re.search(r"stopped by SIGTERM after step (\d+): \S+step-\d+ saved; the same command resumes", job.output)
+    assert_gone_soon_after_last_line(job)  # the loaders' workers too, which also received the signal
+    stopped = re.search(
+        rf"stopped by {sig.name} after step (\d+): \S+step-\d+ saved; the same command resumes", job.output
+    )
     assert stopped and (out / "checkpoints" / f"step-{int(stopped[1]):08d}").is_dir(), job.output[-3000:]
     assert [(r["step"], r["saved"]) for r in metrics(out) if "saved" in r] == [(int(stopped[1]), "checkpoint")]
     run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out), backend=backend)
