@@ -209,6 +209,9 @@ ROW_NOT_RENDERED = {
 }
 
 
+TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' text part; the Responses API's two
+
+
 def checked_message(m, where: str) -> dict:
     """One message as {"role", "content": str, ...}; content parts ([{"type": "text", "text": ...}]) joined.
     OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
@@ -234,9 +237,10 @@ def checked_message(m, where: str) -> dict:
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == "text" and not isinstance(part.get("text"), str):
+            text_part = isinstance(part, dict) and part.get("type") in TEXT_PARTS
+            if text_part and not isinstance(part.get("text"), str):
                 raise InputError(f"{where}: content[{k}] is a text part whose 'text' is not a string")
-            if not (isinstance(part, dict) and part.get("type") == "text"):
+            if not text_part:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise InputError(
                     f"{where}: content[{k}] is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "

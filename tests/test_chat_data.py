@@ -407,9 +407,10 @@ def test_the_control_token_pattern_finds_what_a_plain_alternation_finds():
 
 
 def test_text_parts_are_joined_and_other_parts_refused(tmp_path):
-    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there."}]
-    row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": parts}]}
-    assert chat_data.load_conversations(write_chat(tmp_path, row))[0][1]["content"] == "Hello\nthere."
+    parts = [{"type": "text", "text": "Hello"}, {"type": "output_text", "text": "there."}]  # output_text: Responses API
+    question = [{"type": "input_text", "text": "Hi"}]
+    row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]}
+    assert [m["content"] for m in chat_data.load_conversations(write_chat(tmp_path, row))[0]] == ["Hi", "Hello\nthere."]
     row["messages"][0]["content"] = [{"type": "image", "url": "cat.png"}]
     with pytest.raises(InputError, match=r"chat\.jsonl:1: messages\[0\]: content\[0\] is 'image'; only text parts"):
         chat_data.load_conversations(write_chat(tmp_path, row))
