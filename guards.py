@@ -341,14 +341,17 @@ class GracefulStop:
     a peer that stopped beating (HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun
     SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
     (a cluster signals every process, torchrun its workers again) change nothing. Under torchrun the
-    workers never see a Ctrl-C (they run in their own session): torchrun passes it on as SIGTERM.
+    workers never see the terminal's Ctrl-C (they run in their own session): torchrun passes it on.
+    Until arm() (before training, or with SAVE_ON_SIGTERM=0) these signals end the rank at once: there is
+    nothing to save, and a rank blocked in C++ (forming the process group, waiting for a late peer) would see
+    Python's KeyboardInterrupt only when torchrun SIGKILLs it, 30 s later.
     """
 
     GRACE_S, CHECK_S = 25.0, 5.0
 
     def __init__(self):
         self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
-        self.handled = ()  # the signals that stop the job gracefully, set by install()
+        self.rank, self.handled = None, ()  # set by install()
 
     @property
     def reason(self) -> str | None:
@@ -365,8 +368,9 @@ class GracefulStop:
         last all-reduce)."""
         self.requested = self.requested or reason
 
-    def install(self, watchdog: HangWatchdog) -> None:
-        self.watchdog = watchdog
+    def install(self, rank: int) -> None:
+        """From here on SIGTERM, SIGINT and SIGHUP are this object's; each ends the rank at once until arm()."""
+        self.rank = rank
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         # the pipe first: a signal between the two steps would otherwise run a handler that does nothing
@@ -378,11 +382,18 @@ class GracefulStop:
         for sig in self.handled:
             signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
 
+    def arm(self, watchdog: HangWatchdog) -> None:
+        """From here on a stop signal finishes the step and checkpoints."""
+        self.watchdog = watchdog
+
     def _watch(self, read_end: int) -> None:
         while True:
             signum = os.read(read_end, 1)[0]  # every signal with a Python handler (DataLoader's SIGCHLD too)
             if signum not in self.handled:
                 continue
+            if self.watchdog is None:
+                to_stderr(f"[rank {self.rank}] {signal.Signals(signum).name}: exiting at once, without a checkpoint")
+                os._exit(128 + signum)
             if self.signal is None:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()

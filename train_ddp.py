@@ -709,6 +709,8 @@ def main() -> None:
         say("not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py")
     rank, local_rank, world = rank_info()
     device = rank_device(local_rank)
+    stop = guards.GracefulStop()
+    stop.install(rank)  # a stop signal ends the rank at once until training can checkpoint (stop.arm below)
 
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
@@ -764,7 +766,6 @@ def main() -> None:
 
     # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
     init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)
-    stop = guards.GracefulStop()
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR, cfg.MEMORY_TARGET_GIB):
         # The first collective compares what every rank read: one rank with another environment stops them all.
@@ -799,7 +800,7 @@ def main() -> None:
             f"{cfg.MICRO_BATCH * cfg.ACCUM_STEPS * world} | {total_steps} steps"
         )
         if cfg.SAVE_ON_SIGTERM:
-            stop.install(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
+            stop.arm(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
         predict = functools.partial(memory_budget.predicted_peak_gib, cfg, peft_model.get_base_model(), world)
         slots = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS * cfg.MAX_LEN if cfg.PACKING else 0  # "fill" in metrics
         log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)

@@ -16,6 +16,8 @@ attempt only, so a group restarted by --max_restarts resumes and finishes, as af
   save      exit with code 13 in the middle of that step's checkpoint (adapter written, trainer state not)
   oom       that step's forward (step 0: the first forward, before step 1) asks for twice the GPU's memory: a
             real CUDA out-of-memory error on a GPU; on the CPU the same error, with torch's CUDA allocator's message
+  late      this rank sleeps an hour before it joins the process group (STEP is ignored): its peers wait for
+            it inside init_process_group
   linger    every DataLoader iterator stays referenced until the interpreter exits (STEP is ignored), as
             the pin-memory thread can keep one on GPUs: the loaders' workers must still end with the job
 Each kind patches the one thing it needs; train_ddp.main() then runs as it is.
@@ -40,7 +42,8 @@ import lm_loss  # noqa: E402
 import train_ddp as T  # noqa: E402
 
 KIND, STEP, *RANK = os.environ["FAULT"].split("@")
-if KIND not in ("nan", "term", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger", "oom"):
+KINDS = ("nan", "term", "drift", "die", "hang", "desync", "vanish", "readonly", "save", "linger", "oom", "late")
+if KIND not in KINDS:
     raise SystemExit(f"FAULT={os.environ['FAULT']}: unknown kind {KIND!r}")
 
 
@@ -134,6 +137,15 @@ def terminated_first(evaluate):
     return evaluate_after_sigterm
 
 
+def joins_late(init_distributed):
+    def sleep_then_join(*args, **kwargs):
+        if not RANK or os.environ.get("RANK", "0") == RANK[0]:  # before the process group: no dist.get_rank()
+            time.sleep(3600)
+        return init_distributed(*args, **kwargs)
+
+    return sleep_then_join
+
+
 KEPT = []
 
 
@@ -153,6 +165,8 @@ elif KIND == "term":
     T.evaluate = terminated_first(T.evaluate)
 elif KIND == "save":
     torch.save = crash_mid_save(torch.save)  # train_ddp writes trainer_state.pt with it, after the adapter
+elif KIND == "late":
+    T.init_distributed = joins_late(T.init_distributed)
 elif KIND == "linger":
     torch.utils.data.DataLoader.__iter__ = kept(torch.utils.data.DataLoader.__iter__)
 else:

@@ -77,16 +77,19 @@ class Watchdog:  # what GracefulStop asks of guards.HangWatchdog, for a rank alo
     def report(self, text):
         guards.to_stderr(f"[rank {self.rank}] {text}")
 
-guards.GracefulStop().install(Watchdog())
+stop = guards.GracefulStop()
+stop.install(rank=0)
+if sys.argv[2] == "armed":  # training under way: a stop signal finishes the step first
+    stop.arm(Watchdog())
 print("ready", flush=True)
 time.sleep(60)  # a step that takes long: the first Ctrl-C waits for its end
 """
 
 
-def stopping_rank(**popen) -> subprocess.Popen:
-    """A rank with GracefulStop installed, in the middle of a long step."""
+def stopping_rank(armed: bool = True, **popen) -> subprocess.Popen:
+    """A rank with GracefulStop installed, in the middle of a long step (armed) or before training."""
     rank = subprocess.Popen(
-        [sys.executable, "-c", STOPPING, str(Path(guards.__file__).parent)],
+        [sys.executable, "-c", STOPPING, str(Path(guards.__file__).parent), "armed" if armed else "before"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -108,6 +111,16 @@ def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
     rank.send_signal(signal.SIGINT)
     assert rank.wait(10) == 128 + signal.SIGINT
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda sig: sig.name)
+def test_a_stop_signal_before_training_ends_the_rank_at_once(sig):
+    """Nothing to save yet; and a rank blocked in C++ (forming the process group) would see Python's
+    KeyboardInterrupt only when torchrun SIGKILLs it."""
+    rank = stopping_rank(armed=False)
+    rank.send_signal(sig)
+    assert rank.wait(10) == 128 + sig
+    assert rank.stderr.read() == f"[rank 0] {sig.name}: exiting at once, without a checkpoint\n"
 
 
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])

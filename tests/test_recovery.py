@@ -800,6 +800,20 @@ def test_a_stop_signal_to_the_launcher_saves_at_the_next_step_and_resumes_bitwis
     assert_bitwise_equal(adapter(out), adapter(reference))
 
 
+def test_ctrl_c_while_the_process_group_forms_ends_every_rank_at_once(tmp_path, data):
+    """Rank 1 is late, so rank 0 waits inside init_process_group (C++), where Python's KeyboardInterrupt would
+    wait for torchrun's SIGKILL 30 s later. Nothing is trained yet: nothing to save."""
+    job = Job.single_node(job_env(data, tmp_path / "out", FAULT="late@0@1"))
+    job.wait_for("forming the process group")
+    time.sleep(1)  # rank 0 inside init_process_group
+    signalled = time.monotonic()
+    job.proc.send_signal(signal.SIGINT)  # torchrun passes it on to both ranks
+    job.wait(25)
+    assert job.ended - signalled < 10, job.output[-3000:]
+    for rank in range(RANKS):
+        assert f"[rank {rank}] SIGINT: exiting at once, without a checkpoint" in job.output, job.output[-3000:]
+
+
 def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_run_not_an_older_ones(
     tmp_path, data, reference
 ):

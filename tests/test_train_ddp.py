@@ -26,6 +26,7 @@ from conftest import (
 )
 
 import chat_data
+import guards
 import memory_budget
 import settings
 import train_ddp as T
@@ -578,6 +579,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_one_line_naming_a_memory_target(tm
 
     monkeypatch.setattr(T, "load_model", load_model)
     monkeypatch.setattr(sys, "argv", ["train_ddp.py"])
+    monkeypatch.setattr(guards.GracefulStop, "install", lambda *_: None)  # pytest's own signals stay pytest's
     with pytest.raises(SystemExit) as ended:
         T.run()
     assert ended.value.code == 2
