@@ -219,8 +219,20 @@ def rank_info() -> tuple[int, int, int]:
 
 
 def rank_device(local_rank: int) -> torch.device:
-    """This rank's GPU (torchrun's LOCAL_RANK), else the CPU. Asking does not create a CUDA context."""
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    """This rank's GPU (torchrun's LOCAL_RANK), else the CPU. Asking does not create a CUDA context. More ranks
+    on a node than it has GPUs stop every rank there alike (the ranks past the last GPU would fail alone, on
+    CUDA's 'invalid device ordinal', and the others wait for them)."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus, per_node = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    if per_node > gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise InputError(
+            f"{per_node} ranks on this node (torchrun --nproc_per_node={per_node}), but it has {gpus} GPU(s){shown}: "
+            f"one rank per GPU, --nproc_per_node={gpus}"
+        )
+    return torch.device("cuda", local_rank)
 
 
 def init_distributed(device: torch.device, output_dir: str, timeout_s: float) -> None:

@@ -533,6 +533,23 @@ def test_ranks_started_with_different_settings_stop_together_at_the_first_collec
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # not one step trained
 
 
+def test_more_ranks_on_a_node_than_gpus_stop_every_rank_there_alike(monkeypatch):
+    """torchrun --nproc_per_node=8 on a node with 2 GPUs: ranks 2-7 would fail alone ('invalid device ordinal')."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert [T.rank_device(r) for r in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    for local_rank in (0, 7):
+        with pytest.raises(InputError) as refused:
+            T.rank_device(local_rank)
+        assert str(refused.value) == (
+            "8 ranks on this node (torchrun --nproc_per_node=8), but it has 2 GPU(s) (CUDA_VISIBLE_DEVICES='0,1'): "
+            "one rank per GPU, --nproc_per_node=2"
+        )
+
+
 def test_a_plain_run_takes_a_free_port(monkeypatch):
     """Two plain `python train_ddp.py` on one machine: a fixed default port would make the second fail late."""
     ports = []
