@@ -619,3 +619,11 @@ def test_message_fields_the_chat_template_leaves_out_are_named(tmp_path, tokeniz
     monkeypatch.setattr(tokenizer, "chat_template", names)
     assert "leaves out 'id' (on 1 message), 'train' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "c")
     assert chat_data.fields_left_out(tokenizer, rows[1:], "chat.jsonl") == ""
+
+
+@pytest.mark.parametrize("text, says", [(b"", "empty"), (b"\n  \r\n\n", "blank")])
+def test_a_file_without_rows_says_whether_it_is_empty_or_blank(tmp_path, text, says):
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(text)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: no examples \(the file is {says}\)$"):
+        chat_data.load_conversations(str(path))
