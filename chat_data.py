@@ -110,7 +110,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
             f"drop them: grep -vF {drop} {shlex.quote(path)} > OUT.jsonl"
         )
     if not rows:
-        raise InputError(f"{path}: no examples (the file is {'blank' if data.strip() else 'empty'})")
+        raise InputError(f"{path}: no examples (the file is {'blank' if data else 'empty'})")
     return rows
 
 
