@@ -221,7 +221,8 @@ def rank_info() -> tuple[int, int, int]:
 def rank_device(local_rank: int) -> torch.device:
     """This rank's GPU (torchrun's LOCAL_RANK), else the CPU. Asking does not create a CUDA context. More ranks
     on a node than it has GPUs stop every rank there alike (the ranks past the last GPU would fail alone, on
-    CUDA's 'invalid device ordinal', and the others wait for them)."""
+    CUDA's 'invalid device ordinal', and the others wait for them); so does a GPU without bf16 (before Ampere),
+    whose kernels would fail or crawl mid-run."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     gpus, per_node = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
@@ -231,6 +232,12 @@ def rank_device(local_rank: int) -> torch.device:
         raise InputError(
             f"{per_node} ranks on this node (torchrun --nproc_per_node={per_node}), but it has {gpus} GPU(s){shown}: "
             f"one rank per GPU, --nproc_per_node={gpus}"
+        )
+    if (capability := torch.cuda.get_device_capability(local_rank)) < (8, 0):
+        raise InputError(
+            f"GPU {local_rank} is a {torch.cuda.get_device_name(local_rank)} (compute capability "
+            f"{capability[0]}.{capability[1]}): training runs in bf16, which needs 8.0 or newer (A100, A10, L4, "
+            f"RTX 30xx, H100 and later)"
         )
     return torch.device("cuda", local_rank)
 

@@ -537,6 +537,7 @@ def test_more_ranks_on_a_node_than_gpus_stop_every_rank_there_alike(monkeypatch)
     """torchrun --nproc_per_node=8 on a node with 2 GPUs: ranks 2-7 would fail alone ('invalid device ordinal')."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert [T.rank_device(r) for r in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
@@ -548,6 +549,15 @@ def test_more_ranks_on_a_node_than_gpus_stop_every_rank_there_alike(monkeypatch)
             "8 ranks on this node (torchrun --nproc_per_node=8), but it has 2 GPU(s) (CUDA_VISIBLE_DEVICES='0,1'): "
             "one rank per GPU, --nproc_per_node=2"
         )
+
+
+def test_a_gpu_without_bf16_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
+    with pytest.raises(InputError, match=r"^GPU 0 is a Tesla T4 \(compute capability 7\.5\): training runs in bf16"):
+        T.rank_device(0)
 
 
 def test_a_plain_run_takes_a_free_port(monkeypatch):
