@@ -27,6 +27,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+import torch
+
 from guards import InputError, OutputDirError
 from logs import say
 
@@ -94,9 +96,14 @@ def identity(run, world_size: int, model_config: dict | None = None) -> dict:
 
 
 def versions() -> dict:
-    """The Python and libraries this run trained with, saved beside its settings (not part of its identity: a
-    resume on a newer transformers is allowed)."""
-    return {"python": platform.python_version(), **{name: version(name) for name in ("torch", "transformers", "peft")}}
+    """The Python, libraries and GPU this run trained with, saved beside its settings (not part of its identity:
+    a resume on a newer transformers is allowed)."""
+    gpu = {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
+    return {
+        "python": platform.python_version(),
+        **{name: version(name) for name in ("torch", "transformers", "peft")},
+        **gpu,
+    }
 
 
 def comparable(saved: dict) -> dict:

@@ -814,7 +814,8 @@ def main() -> None:
         train_collate = PackCollate(tokenizer.pad_token_id, cfg.MAX_LEN) if cfg.PACKING else collate
         n_trainable, n_total = peft_model.get_nb_trainable_parameters()
         say(
-            f"world {world} on {device.type} | {n_total:,} params, {n_trainable:,} trainable "
+            f"world {world} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} | "
+            f"{n_total:,} params, {n_trainable:,} trainable "
             f"({100 * n_trainable / n_total:.2f}%) | global batch {cfg.MICRO_BATCH}x{cfg.ACCUM_STEPS}x{world}="
             f"{cfg.MICRO_BATCH * cfg.ACCUM_STEPS * world} | {total_steps} steps"
         )
