@@ -26,8 +26,11 @@ OTHER_ROLES = {
     "bot": "rename it 'assistant'",
     "human": "ShareGPT's 'user': rename it",
     "developer": "OpenAI's 'system': rename it",
-    "tool": "tool turns are not trained on here: drop those messages or the row",
-    "function": "tool turns are not trained on here: drop those messages or the row",
+    **dict.fromkeys(
+        ("tool", "function", "ipython"),
+        "tool results are not trained on here: drop the row (without its results, the answer after them would "
+        "be trained on text the model never sees)",
+    ),
 }
 # files people pass for JSONL, by their first bytes (UTF-32's before UTF-16's): what they are, how to get JSONL
 NOT_JSONL = {
@@ -58,6 +61,9 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     any line: files joined with cat keep theirs); content given as a list of text parts is joined (one part per
     line). Text that spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer
     would read it as that token, a fake turn or end of text inside a message."""
+    if path.startswith(("/dev/fd/", "/proc/self/fd/")) or (Path(path).exists() and not Path(path).is_file()):
+        if not Path(path).is_dir():  # a pipe gives its data once, and torchrun does not pass a <(...) on to its ranks
+            raise InputError(f"{path}: not a regular file (a pipe or <(...)?): write the data to a file first")
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -87,7 +93,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         except InputError as e:
             bad[lineno] = str(e)
             continue
-        if any(m["role"] == "assistant" and not visible(m["content"]) for m in messages):
+        if any(m["role"] == "assistant" and m.get("weight", 1) and not visible(m["content"]) for m in messages):
             empty.append(lineno)
         for j, m in enumerate(messages):
             if found := control_text.search(m["content"]):
@@ -100,6 +106,12 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         raise InputError(
             f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
             f"{first_lines(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
+        )
+    if thinking := next((n for n, (_, token) in control.items() if token == "<|channel>"), None):
+        raise InputError(
+            f"{path}:{thinking}: messages[{control[thinking][0]}] holds a thinking block ('<|channel>...<channel|>'), "
+            f"which Gemma 4's template leaves out of a conversation's history: remove the block to train on the "
+            f"answer alone, or drop the row"
         )
     if control:
         lineno, (j, token) = next(iter(control.items()))
@@ -206,10 +218,20 @@ ROW_NOT_RENDERED = {
         ("tools", "functions"),
         "tool definitions are not trained on here: drop the key to train without them, or drop the row",
     ),
+    **dict.fromkeys(
+        ("images", "image", "audios", "audio", "videos", "video"),
+        "this script trains on text: drop the row (its answer speaks of media the model would not see)",
+    ),
+    **dict.fromkeys(
+        ("documents", "context"),
+        "put the text the answer draws on into the conversation (e.g. the user's message), or drop the row",
+    ),
 }
 
 
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' text part; the Responses API's two
+# parts that carry what the answer is about: without them it would be trained on what the model never sees
+MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "file", "input_file", "document")
 
 
 def checked_message(m, where: str) -> dict:
@@ -242,9 +264,14 @@ def checked_message(m, where: str) -> dict:
                 raise InputError(f"{where}: content[{k}] is a text part whose 'text' is not a string")
             if not text_part:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                drop = (
+                    "the row (the answer would be trained without it)"
+                    if kind in MEDIA_PARTS
+                    else "that part or the row"
+                )
                 raise InputError(
                     f"{where}: content[{k}] is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "
-                    f"can be trained on here: drop that part or the row"
+                    f"can be trained on here: drop {drop}"
                 )
         content = "\n".join(part["text"] for part in content)
     if content is None and m.get("refusal"):
@@ -542,6 +569,18 @@ def fields_left_out(tokenizer, conversations: list[list[dict]], path: str) -> st
     return (
         f"warning: {path}: the chat template leaves out {', '.join(left_out)}: the model never sees them (put what "
         f"matters in the content)"
+    )
+
+
+def inline_reasoning(conversations: list[list[dict]], path: str) -> str:
+    """A warning counting the answers that carry <think>...</think> reasoning in their text (R1-style distills):
+    it trains as visible answer text, after the empty thought block Gemma 4's generation prompt closes."""
+    n = sum(m["role"] == "assistant" and "<think>" in m["content"] for messages in conversations for m in messages)
+    if not n:
+        return ""
+    return (
+        f"warning: {path}: {n} answer{'s' * (n > 1)} hold <think> reasoning in their text: it trains as visible "
+        f"answer text (Gemma 4 thinks in its own thought channel, not trained here); strip it to train on the answers"
     )
 
 

@@ -45,6 +45,7 @@ from chat_data import (
     data_summary,
     fields_left_out,
     held_out_copies,
+    inline_reasoning,
     lengths_file,
     load_conversations,
 )
@@ -755,6 +756,7 @@ def main() -> None:
     say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
     for warning in (
         fields_left_out(tokenizer, conversations, cfg.DATA_PATH),
+        inline_reasoning(conversations, cfg.DATA_PATH),
         held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH),
     ):
         if warning:

@@ -4,11 +4,13 @@ import bz2
 import codecs
 import gzip
 import json
+import os
 import random
 import re
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,30 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: has a row-level 'tools', which is not rendered; tool definitions are not trained on here",
         ),
         (
+            '{"messages": [{"role": "user", "content": "<image>What colour?"}, {"role": "assistant", "content": '
+            '"Red."}], "images": ["sq.png"]}',
+            "2: has a row-level 'images', which is not rendered; this script trains on text: drop the row",
+        ),
+        (
+            '{"documents": [{"text": "It opened in 1932."}], "messages": [{"role": "user", "content": "When?"}, '
+            '{"role": "assistant", "content": "In 1932 [1]."}]}',
+            "2: has a row-level 'documents', which is not rendered; put the text the answer draws on into the "
+            "conversation",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": "What colour?"}, {"type": '
+            '"image_url", "image_url": {"url": "sq.png"}}]}, {"role": "assistant", "content": "Red."}]}',
+            "2: messages[0]: content[1] is 'image_url'; only text parts ({'type': 'text', 'text': ...}) can be "
+            "trained on here: drop the row (the answer would be trained without it)",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "<tool_call>'
+            'get_weather</tool_call>"}, {"role": "tool", "content": "-3 C"}, {"role": "assistant", "content": '
+            '"It is -3 C."}]}',
+            "2: messages[2]: unknown role 'tool' (expected one of system, user, assistant); tool results are not "
+            "trained on here: drop the row",
+        ),
+        (
             '{"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
             "2: messages[0]: no 'role' (its keys: from, value); a message is {'role', 'content'}",
         ),
@@ -211,6 +237,10 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "reasoning",
         "row-level-system",
         "row-level-tools",
+        "row-level-images",
+        "row-level-documents",
+        "image-part",
+        "tool-role",
         "sharegpt-keys-in-messages",
         "gemini-parts",
         "refusal",
@@ -423,6 +453,37 @@ def test_an_empty_assistant_turn_is_refused_with_the_count_of_such_rows(tmp_path
     assert str(e.value).startswith(f"{path}:2: an assistant turn with empty content, in 2 row(s) (lines 2, 4); drop")
 
 
+def test_an_empty_answer_of_weight_0_is_context_not_an_empty_target(tmp_path):
+    """The assistant said nothing and the user nudged: nothing trains on the silent turn."""
+    silent = {"role": "assistant", "content": " ", "weight": 0}
+    row = {"messages": [{"role": "user", "content": "Q"}, silent, {"role": "user", "content": "Hello?"}]}
+    row["messages"].append({"role": "assistant", "content": "A."})
+    assert chat_data.load_conversations(write_chat(tmp_path, row))[0][1] == silent
+
+
+def test_a_thinking_block_in_the_text_is_named_as_one(tmp_path, tokenizer):
+    """Gemma 4's own thought channel, written into an answer: the control-token refusal's grep would drop the row."""
+    path = write_chat(tmp_path, chat("17+25?", "<|channel>thought\nAdd them.<channel|>42."))
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(path, chat_data.control_tokens(tokenizer))
+    assert str(e.value) == (
+        f"{path}:1: messages[1] holds a thinking block ('<|channel>...<channel|>'), which Gemma 4's template leaves "
+        f"out of a conversation's history: remove the block to train on the answer alone, or drop the row"
+    )
+
+
+def test_a_pipe_or_process_substitution_is_refused_before_it_is_read(tmp_path):
+    """A pipe gives its data once (each rank reads the file, then hashes it), and could block every rank in open()."""
+    os.mkfifo(tmp_path / "fifo")
+    unblock = threading.Timer(5, lambda: open(tmp_path / "fifo", "wb").close())  # a reader blocked in open(): EOF
+    unblock.daemon = True
+    unblock.start()
+    for path in (str(tmp_path / "fifo"), "/dev/fd/63"):
+        with pytest.raises(InputError, match=rf"^{re.escape(path)}: not a regular file \(a pipe or <\(\.\.\.\)\?\)"):
+            chat_data.load_conversations(path)
+    unblock.cancel()
+
+
 def test_every_bad_row_is_counted_not_only_the_first(tmp_path):
     """A mix of formats (some rows ShareGPT) is named by its first bad row, with the lines of the others."""
     sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
@@ -627,3 +688,13 @@ def test_a_file_without_rows_says_whether_it_is_empty_or_blank(tmp_path, text, s
     path.write_bytes(text)
     with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: no examples \(the file is {says}\)$"):
         chat_data.load_conversations(str(path))
+
+
+def test_answers_with_think_tags_in_their_text_are_counted_in_a_warning():
+    """R1-style reasoning written into the answer trains as answer text: legal, but worth a word."""
+    rows = [chat("2+2?", "<think>Two and two.</think>4"), chat("Hi", "Hello"), chat("3+3?", "<think>Sum.</think>6")]
+    rows = [chat_data.checked_row(json.dumps(r).encode(), "chat.jsonl", 1) for r in rows]
+    assert chat_data.inline_reasoning(rows, "chat.jsonl").startswith(
+        "warning: chat.jsonl: 2 answers hold <think> reasoning in their text: it trains as visible answer text"
+    )
+    assert chat_data.inline_reasoning(rows[1:2], "chat.jsonl") == ""
