@@ -72,6 +72,12 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         if data.startswith(magic):
             command = what.replace("'FILE'", repr(str(path))).replace("FILE", shlex.quote(str(path)))  # pastes as is
             raise InputError(f"{path}: not JSON Lines but {command}")
+    if Path(path).suffix.lower() in (".csv", ".tsv") and not data.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":
+        raise InputError(
+            f'{path}: {Path(path).suffix[1:].upper()}, not JSON Lines: write one {{"messages": [...]}} object per '
+            f"line (pandas: read_csv, make a 'messages' column of lists, to_json('OUT.jsonl', orient='records', "
+            f"lines=True))"
+        )
     # Lines end at LF, as grep -n and sed -n count them: splitlines() also broke at every CR, so a row ending in
     # CR CR LF (CRLF text written again in Windows text mode) or a raw CR inside a string shifted every later line
     # number named. A file of CR-only line ends (classic Mac) is split at its CRs.
@@ -308,7 +314,13 @@ def json_hint(line: str, error: json.JSONDecodeError, path: str) -> str:
             )
         if rest.startswith("{"):
             return "; a second object on the same line: each row goes on its own line"
+    if not line.strip("\x00 \t\r\x1a"):  # what a crash or a DOS editor leaves after the last row
+        return "; only NUL or end-of-file (^Z) bytes: the tail of a file cut short, delete it"
+    if line.lstrip().startswith("{'"):
+        return "; Python's repr of a dict (single quotes), not JSON: write each row with json.dumps(row)"
     if "control character" in error.msg:
+        if line[error.pos] not in "\t\n\r":
+            return f"; a raw control byte (0x{ord(line[error.pos]):02x}) inside a string: remove it"
         return "; a raw tab or line break inside a string: write it escaped (\\t, \\n)"
     if line.strip() in ("{", "}") or re.match(r'\s*"[^"]*"\s*:', line):
         return (
@@ -332,7 +344,14 @@ def format_hint(row) -> str:
         if isinstance(turns, list):
             return f"; it has {key!r}: rename that key to 'messages'"
     if isinstance(row.get("messages"), dict):
+        if row["messages"] and all(str(k).isdigit() for k in row["messages"]):  # {"0": [...], "1": [...]}
+            return (
+                "; this is pandas' default to_json layout: write df.to_json('OUT.jsonl', orient='records', lines=True)"
+            )
         return "; its 'messages' is one object: make it a list of messages, [...]"
+    for key, rows in row.items():
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) and "messages" in r for r in rows):
+            return f"; the rows are a list under {key!r}: jq -c '.{key}[]' FILE > OUT.jsonl, one row per line"
     if {"prompt", "completion"} <= row.keys() and isinstance(row["prompt"], list):
         return (
             "; this looks like conversational prompt/completion (lists of messages): write "

@@ -168,6 +168,23 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: messages[2]: unknown role 'tool' (expected one of system, user, assistant); tool results are not "
             "trained on here: drop the row",
         ),
+        ("\x00\x00\x00\x00", "2: not valid JSON (Expecting value at column 1); only NUL or end-of-file (^Z) bytes"),
+        (
+            "{'messages': [{'role': 'user', 'content': 'Hi'}]}",
+            "2: not valid JSON (Expecting property name enclosed in double quotes at column 2); Python's repr",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "a\x00b"}]}',
+            "2: not valid JSON (Invalid control character at column 45); a raw control byte (0x00) inside a string",
+        ),
+        (
+            '{"messages": {"0": [{"role": "user", "content": "Hi"}], "1": [{"role": "user", "content": "Yo"}]}}',
+            "2: expected an object with a non-empty 'messages' list; this is pandas' default to_json layout",
+        ),
+        (
+            '{"data": [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}]}',
+            "2: expected an object with a non-empty 'messages' list; the rows are a list under 'data': jq -c '.data[]'",
+        ),
         (
             '{"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
             "2: messages[0]: no 'role' (its keys: from, value); a message is {'role', 'content'}",
@@ -241,6 +258,11 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "row-level-documents",
         "image-part",
         "tool-role",
+        "nul-tail",
+        "python-repr",
+        "nul-in-string",
+        "pandas-columns",
+        "rows-under-a-key",
         "sharegpt-keys-in-messages",
         "gemini-parts",
         "refusal",
@@ -698,3 +720,12 @@ def test_answers_with_think_tags_in_their_text_are_counted_in_a_warning():
         "warning: chat.jsonl: 2 answers hold <think> reasoning in their text: it trains as visible answer text"
     )
     assert chat_data.inline_reasoning(rows[1:2], "chat.jsonl") == ""
+
+
+def test_a_csv_file_is_named_for_what_it_is(tmp_path):
+    path = tmp_path / "chat.csv"
+    path.write_text('prompt,response\n"2+2?","4"\n')
+    with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: CSV, not JSON Lines: write one"):
+        chat_data.load_conversations(str(path))
+    path.write_text(json.dumps(chat("Hi", "Yo")) + "\n")  # JSON Lines under a .csv name: read as such
+    assert len(chat_data.load_conversations(str(path))) == 1
