@@ -72,7 +72,7 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         if data.startswith(magic):
             command = what.replace("'FILE'", repr(str(path))).replace("FILE", shlex.quote(str(path)))  # pastes as is
             raise InputError(f"{path}: not JSON Lines but {command}")
-    if Path(path).suffix.lower() in (".csv", ".tsv") and not data.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":
+    if Path(path).suffix.lower() in (".csv", ".tsv") and data.removeprefix(codecs.BOM_UTF8).lstrip()[:1] != b"{":
         raise InputError(
             f'{path}: {Path(path).suffix[1:].upper()}, not JSON Lines: write one {{"messages": [...]}} object per '
             f"line (pandas: read_csv, make a 'messages' column of lists, to_json('OUT.jsonl', orient='records', "
