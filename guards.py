@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from logs import output_kept
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -342,16 +344,17 @@ class GracefulStop:
     SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
     (a cluster signals every process, torchrun its workers again) change nothing. Under torchrun the
     workers never see the terminal's Ctrl-C (they run in their own session): torchrun passes it on.
-    Until arm() (before training, or with SAVE_ON_SIGTERM=0) these signals end the rank at once: there is
-    nothing to save, and a rank blocked in C++ (forming the process group, waiting for a late peer) would see
-    Python's KeyboardInterrupt only when torchrun SIGKILLs it, 30 s later.
+    Until arm() (before the process group forms, or always with SAVE_ON_SIGTERM=0) these signals end the
+    rank at once: a rank blocked in C++ (forming the process group, waiting for a late peer) would see
+    Python's KeyboardInterrupt only when torchrun SIGKILLs it, 30 s later. Every exit here releases the
+    OUTPUT_DIR lock (os._exit skips atexit), so a rerun on another host need not wait for it to go stale.
     """
 
     GRACE_S, CHECK_S = 25.0, 5.0
 
     def __init__(self):
         self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
-        self.rank, self.handled = None, ()  # set by install()
+        self.rank, self.lock, self.handled, self.wakeup = None, None, [], -1  # set by install()
 
     @property
     def reason(self) -> str | None:
@@ -368,23 +371,34 @@ class GracefulStop:
         last all-reduce)."""
         self.requested = self.requested or reason
 
-    def install(self, rank: int) -> None:
-        """From here on SIGTERM, SIGINT and SIGHUP are this object's; each ends the rank at once until arm()."""
-        self.rank = rank
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        # the pipe first: a signal between the two steps would otherwise run a handler that does nothing
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)  # written by the C handler, at once
+    def install(self, rank: int, lock=None) -> None:
+        """From here on SIGTERM, SIGINT and SIGHUP (unless ignored, as under nohup) are this object's; each ends
+        the rank at once until arm(). `lock`: rank 0's OUTPUT_DIR lock, released on every exit here."""
+        self.rank, self.lock = rank, lock
+        read_end, self.wakeup = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        self.handled = [signal.SIGTERM, signal.SIGINT] + [signal.SIGHUP] * (
+            signal.getsignal(signal.SIGHUP) != signal.SIG_IGN
+        )
         threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
-        self.handled = [signal.SIGTERM, signal.SIGINT]
-        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-            self.handled.append(signal.SIGHUP)
+        self._take_signals()
+
+    def _take_signals(self) -> None:
+        # the pipe first: a signal between the two steps would otherwise run a handler that does nothing
+        signal.set_wakeup_fd(self.wakeup, warn_on_full_buffer=False)  # written by the C handler, at once
         for sig in self.handled:
             signal.signal(sig, lambda signum, frame: None)  # the work happens in _watch
 
     def arm(self, watchdog: HangWatchdog) -> None:
-        """From here on a stop signal finishes the step and checkpoints."""
+        """From here on a stop signal finishes the step and checkpoints. The signals are taken again: a library
+        loaded since install() may have set its own handler or wakeup pipe."""
         self.watchdog = watchdog
+        self._take_signals()
+
+    def _leave(self, code: int) -> None:
+        if self.lock:
+            self.lock.release()
+        os._exit(code)
 
     def _watch(self, read_end: int) -> None:
         while True:
@@ -393,14 +407,14 @@ class GracefulStop:
                 continue
             if self.watchdog is None:
                 to_stderr(f"[rank {self.rank}] {signal.Signals(signum).name}: exiting at once, without a checkpoint")
-                os._exit(128 + signum)
+                self._leave(128 + signum)
             if self.signal is None:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()
                 self.watchdog.post_stop(self.signal.name)  # after: a store that hangs must not delay the stop
             elif signum == signal.SIGINT:
                 self.watchdog.report("a second Ctrl-C: exiting at once, without a checkpoint")
-                os._exit(128 + signum)
+                self._leave(128 + signum)
 
     def _exit_if_stuck(self) -> None:
         start, before = time.monotonic(), self.watchdog.heartbeats()
@@ -414,15 +428,16 @@ class GracefulStop:
                     f"{self.signal.name}: {why} ({self.watchdog.position}); exiting without a checkpoint"
                     + (f"\n[rank {self.watchdog.rank}] {cause}" if cause else "")
                 )
-                os._exit(128 + self.signal.value)
+                self._leave(128 + self.signal.value)
             before = now
 
 
 def to_stderr(text: str) -> None:
     """`text` and its newline in ONE write: the ranks share torchrun's pipe, and print() writes the newline
     apart, so a peer's line could land in the middle of this one."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    with output_kept(sys.stderr):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -23,14 +23,28 @@ def is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+@contextmanager
+def output_kept(stream):
+    """Writes to `stream` (stdout, stderr) that cannot fail the job: once its terminal has closed (EIO, the
+    SIGHUP that stops the job gracefully) or its reader has gone (EPIPE, `| tee` killed), the stream's
+    descriptor points at /dev/null, and the step or its checkpoint goes on."""
+    try:
+        yield
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
 def say(msg: str) -> None:
     """Print on rank 0 only, the line and its newline in one write: the ranks share torchrun's pipe, and a
     peer's line written between the two would land mid-line (guards.to_stderr)."""
     if is_rank0():
         from tqdm import tqdm
 
-        tqdm.write(msg + "\n", file=sys.stdout, end="")
-        sys.stdout.flush()
+        with output_kept(sys.stdout):
+            tqdm.write(msg + "\n", file=sys.stdout, end="")
+            sys.stdout.flush()
 
 
 def seconds_since_launch() -> float:

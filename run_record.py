@@ -95,10 +95,10 @@ def identity(run, world_size: int, model_config: dict | None = None) -> dict:
     }
 
 
-def versions() -> dict:
+def versions(device: torch.device) -> dict:
     """The Python, libraries and GPU this run trained with, saved beside its settings (not part of its identity:
     a resume on a newer transformers is allowed)."""
-    gpu = {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
+    gpu = {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
     return {
         "python": platform.python_version(),
         **{name: version(name) for name in ("torch", "transformers", "peft")},

@@ -226,7 +226,9 @@ def rank_device(local_rank: int) -> torch.device:
     whose kernels would fail or crawl mid-run."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    gpus, per_node = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    gpus, per_node = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    if not per_node and local_rank >= gpus:  # a launcher without LOCAL_WORLD_SIZE: this rank alone can tell
+        raise InputError(f"LOCAL_RANK={local_rank}, but this node has {gpus} GPU(s): one rank per GPU")
     if per_node > gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
@@ -729,14 +731,14 @@ def main() -> None:
         say("not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py")
     rank, local_rank, world = rank_info()
     device = rank_device(local_rank)
-    stop = guards.GracefulStop()
-    stop.install(rank)  # a stop signal ends the rank at once until training can checkpoint (stop.arm below)
 
     # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
     #    before the first collective: bad input can never turn into a hang.
     asked, asked_sources = checked_settings()  # as the user set them; the planner may replace some
     settings.check_writable(asked.OUTPUT_DIR)
     lock = run_record.OutputLock(asked.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
+    stop = guards.GracefulStop()
+    stop.install(rank, lock)  # a stop signal ends the rank at once until it can checkpoint (stop.arm below)
     cfg, sources = plan(asked, asked_sources, world, device)
     tokenizer, conversations, eval_conversations = read_conversations(cfg)
     if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
@@ -765,7 +767,7 @@ def main() -> None:
     resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
     run_config = {
         "settings": settings.record(cfg, sources, asked, asked_sources),
-        "versions": run_record.versions(),
+        "versions": run_record.versions(device),
         "identity": identity,
         "world_size": world,
         "resumed_from": resume and str(resume),
@@ -780,7 +782,7 @@ def main() -> None:
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
     if device.type == "cuda":
-        torch.cuda.set_device(device)  # before anything touches CUDA: no stray context on GPU 0
+        torch.cuda.set_device(device)  # before anything creates a CUDA context: none stray on GPU 0
     torch.manual_seed(cfg.SEED)
     peft_model = add_lora(load_model(cfg, device), cfg)
     torch.manual_seed(cfg.SEED + rank)
@@ -789,6 +791,8 @@ def main() -> None:
     init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR, cfg.MEMORY_TARGET_GIB):
+        if cfg.SAVE_ON_SIGTERM:
+            stop.arm(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
         # The first collective compares what every rank read: one rank with another environment stops them all.
         eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
         guards.check_same_settings(run_config["settings"], {**identity, "eval_sha256": eval_sha256}, MAY_DIFFER_BY_RANK)
@@ -821,8 +825,6 @@ def main() -> None:
             f"({100 * n_trainable / n_total:.2f}%) | global batch {cfg.MICRO_BATCH}x{cfg.ACCUM_STEPS}x{world}="
             f"{cfg.MICRO_BATCH * cfg.ACCUM_STEPS * world} | {total_steps} steps"
         )
-        if cfg.SAVE_ON_SIGTERM:
-            stop.arm(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
         predict = functools.partial(memory_budget.predicted_peak_gib, cfg, peft_model.get_base_model(), world)
         slots = world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS * cfg.MAX_LEN if cfg.PACKING else 0  # "fill" in metrics
         log = StepLog(cfg.OUTPUT_DIR, cfg.LOG_EVERY, total_steps, progress["step"], device, predict, slots)

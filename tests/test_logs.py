@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import writes_to
+from conftest import ROOT, writes_to
 
 import logs
 
@@ -129,3 +129,26 @@ def test_seconds_since_launch_counts_from_the_process_start_not_from_the_import(
         check=True,
     ).stdout
     assert 1.5 <= float(age) <= time.monotonic() - began + 0.05
+
+
+LOST_TERMINAL = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import guards, logs
+r, w = os.pipe()
+os.close(r)  # the reader is gone: every write fails (EPIPE), as a closed terminal's fail with EIO
+for fd in (1, 2):
+    os.dup2(w, fd)
+logs.say("step 2 | loss 1.0")
+guards.to_stderr("[rank 0] a report")
+logs.say("stopped by SIGHUP after step 2: saved")
+with open(sys.argv[2], "w") as f:
+    f.write("went on")
+"""
+
+
+def test_lines_to_a_lost_terminal_do_not_fail_the_job(tmp_path):
+    """After SIGHUP the terminal is gone: the step and its checkpoint must not fail on a print."""
+    went_on = tmp_path / "went_on"
+    rank = subprocess.run([sys.executable, "-c", LOST_TERMINAL, str(ROOT), str(went_on)], timeout=60)
+    assert rank.returncode == 0 and went_on.read_text() == "went on"

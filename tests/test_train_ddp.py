@@ -549,6 +549,9 @@ def test_more_ranks_on_a_node_than_gpus_stop_every_rank_there_alike(monkeypatch)
             "8 ranks on this node (torchrun --nproc_per_node=8), but it has 2 GPU(s) (CUDA_VISIBLE_DEVICES='0,1'): "
             "one rank per GPU, --nproc_per_node=2"
         )
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not set it: the rank past the GPUs says so
+    with pytest.raises(InputError, match=r"^LOCAL_RANK=2, but this node has 2 GPU\(s\): one rank per GPU$"):
+        T.rank_device(2)
 
 
 def test_a_gpu_without_bf16_is_refused_naming_it(monkeypatch):
