@@ -13,7 +13,7 @@ signal_at() { sig=$1 line=$2 log=$3; shift 3
   t=$(date +%s.%N); pkill -$sig -f "python3? .*torchrun --standalone"; wait $pid; rc=$?
   echo "== $sig at '$line': exit $rc, $(python3 -c "print(round($(date +%s.%N) - $t, 1))") s after the signal"; }
 signal_at INT "settings (default)" $OUT/starts_ctrl_c.log OUTPUT_DIR=/tmp/c1
-grep -h "SIGINT" $OUT/starts_ctrl_c.log | grep -v torch | cut -c1-200
+grep -h "SIGINT" $OUT/starts_ctrl_c.log | grep -v torch | cut -c1-200; echo "lock left in OUTPUT_DIR: $(ls /tmp/c1/.lock 2>/dev/null || echo none)"
 signal_at HUP "^step 2 " $OUT/starts_hup.log OUTPUT_DIR=/tmp/h1
 grep -h "stopped by" $OUT/starts_hup.log | cut -c1-200
 env OUTPUT_DIR=/tmp/h1 timeout 240 torchrun --standalone --nproc_per_node=1 train_ddp.py > $OUT/starts_resume.log 2>&1; echo "== resume: exit $?"
