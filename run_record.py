@@ -249,12 +249,18 @@ def finished(run, current: dict, total_steps: int) -> str | None:
     return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
 
 
+def checkpoints_in(folder: Path) -> list[Path]:
+    """The checkpoints train_ddp.py wrote in `folder` (step-NNNNNNNN), oldest first. A user's step-latest, step-20
+    or step-00000020.bak is neither resumed (names sort: it would pass for the newest) nor pruned."""
+    return sorted(p for p in folder.glob("step-*") if re.fullmatch(r"step-\d{8}", p.name))
+
+
 def how_to_train_longer(run, total_steps: int, epochs_steps: int) -> str:
     """For a complete run (`run`: train_ddp.py's Config; `epochs_steps`: the steps its EPOCHS hold): the settings
     that end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in OUTPUT_DIR to continue (a run
     MAX_STEPS ended mid-epoch leaves only its adapter), that training longer starts over."""
     folder = Path(run.OUTPUT_DIR) / "checkpoints"
-    if not any(folder.glob("step-*")):
+    if not checkpoints_in(folder):
         return f"it left no checkpoint to continue in {folder}: training longer starts over, with RESUME=''"
     ends = ["a larger MAX_STEPS"] if run.MAX_STEPS and run.MAX_STEPS <= epochs_steps else []
     ends += ["more EPOCHS"] if total_steps >= epochs_steps else []
@@ -271,7 +277,7 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        found = sorted((Path(run.OUTPUT_DIR) / "checkpoints").glob("step-*"), reverse=True)  # .tmp-* never match
+        found = checkpoints_in(Path(run.OUTPUT_DIR) / "checkpoints")[::-1]  # newest first
         damaged = {path: damage(path, CHECKPOINT_FILES) for path in found}
         for path, problem in damaged.items():
             if problem is None:
@@ -365,7 +371,7 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
     checkpoints = Path(output_dir) / "checkpoints"
     later = [
         p
-        for p in [*sorted(checkpoints.glob("step-*")), Path(output_dir) / "adapter"]
+        for p in [*checkpoints_in(checkpoints), Path(output_dir) / "adapter"]
         if step(p) > start_step and not (resumed is not None and p.resolve() == resumed.resolve())
     ]
     if not later:

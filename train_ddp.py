@@ -650,7 +650,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
         final.parent.mkdir(exist_ok=True)  # not parents: an OUTPUT_DIR that vanished is an error, not made anew
         run_record.publish_atomically(final, write, expected_bytes=3 * adapter_bytes(model))  # + AdamW's moments
         # prune only older checkpoints (later ones, of another line of training, were set aside at the start)
-        older = [p for p in sorted(final.parent.glob("step-*")) if p.name < final.name]
+        older = [p for p in run_record.checkpoints_in(final.parent) if p.name < final.name]
         for stale in older[: max(len(older) - keep + 1, 0)]:
             shutil.rmtree(stale)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete

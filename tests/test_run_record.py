@@ -397,3 +397,13 @@ def test_an_adapter_is_left_to_the_run_when_complete_or_a_checkpoint_or_a_fresh_
     out = output_dir_after_a_run(tmp_path, saved, 6, with_checkpoint)
     run = cpu_config(OUTPUT_DIR=str(out), RESUME=resume, DATA_PATH="now.jsonl")
     assert run_record.finished(run, THIS_RUN, total_steps=6) == answer
+
+
+def test_only_the_checkpoints_the_job_wrote_are_resumed_or_pruned(tmp_path):
+    """A user's copy named step-latest or step-20 sorted above step-00000023 by name, and RESUME=auto went back to it
+    on every run; a backup step-00000020.bak was pruned with the checkpoints."""
+    for name in ("step-00000023", "step-00000005", "step-latest", "step-20", "step-00000020.bak", ".tmp-step-00000024"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "step-00000001.tar.gz").write_bytes(b"")
+    assert [p.name for p in run_record.checkpoints_in(tmp_path)] == ["step-00000005", "step-00000023"]
+    assert run_record.checkpoints_in(tmp_path / "absent") == []
