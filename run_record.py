@@ -138,7 +138,9 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
     what is wrong."""
     try:
         files = json.loads((folder / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
+        if not all(isinstance(f, dict) and {"bytes", "sha256"} <= f.keys() for f in files.values()):
+            raise ValueError  # valid JSON of another shape: written or edited by something else
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"no readable {MANIFEST} ({type(e).__name__}): incomplete, or not written by this script"
     if unlisted := [name for name in needs if name not in files]:  # an edited manifest: its checksum is gone
         return f"{MANIFEST} does not list {unlisted[0]}"
@@ -187,14 +189,22 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
             f"the temporary folder is removed"
             + (f" and {kept[-1].name} kept" if kept else "; there is no earlier one to keep")
         ) from e
-    shutil.rmtree(old, ignore_errors=True)  # left over by a crash during an earlier replacement
+    remove(old)  # left over by a crash during an earlier replacement
     if final.exists():
         final.rename(old)
     tmp.rename(final)
     dir_fd = os.open(final.parent, os.O_RDONLY)
     os.fsync(dir_fd)  # make the rename itself durable
     os.close(dir_fd)
-    shutil.rmtree(old, ignore_errors=True)
+    remove(old)  # the previous version: a folder, or a file a user put under that name
+
+
+def remove(path: Path) -> None:
+    """A folder with what is in it, or a file; nothing if it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def remove_interrupted_saves(output_dir: Path) -> list[str]:
@@ -208,7 +218,7 @@ def remove_interrupted_saves(output_dir: Path) -> list[str]:
         for old in sorted(folder.glob(f".old-{name}")):
             final = old.with_name(old.name.removeprefix(".old-"))
             if final.exists():
-                shutil.rmtree(old)
+                remove(old)
             else:
                 old.rename(final)
                 done.append(f"{final} put back")
@@ -460,9 +470,10 @@ class OutputLock:
 
     def holder(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            holder = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None  # vanished, or half-written by a job that died while taking it: stale either way
+        return holder if isinstance(holder, dict) and "pid" in holder else None  # not this script's: stale too
 
     def is_stale(self, holder: dict) -> bool:
         if holder.get("host") == self.me["host"]:

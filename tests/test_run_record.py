@@ -82,8 +82,13 @@ def test_an_intact_checkpoint_has_no_damage(checkpoint):
         ),
         (lambda f: f.unlink(), r"adapter_model.safetensors is missing"),
         (lambda f: (f.parent / run_record.MANIFEST).unlink(), r"no readable manifest.json"),
+        (lambda f: (f.parent / run_record.MANIFEST).write_text("[]"), r"no readable manifest.json \(TypeError\)"),
+        (
+            lambda f: (f.parent / run_record.MANIFEST).write_text('{"files": {"run.json": 1}}'),
+            r"no readable manifest.json \(ValueError\): incomplete, or not written by this script",
+        ),
     ],
-    ids=["truncated", "two-bytes-flipped", "grown", "file-missing", "no-manifest"],
+    ids=["truncated", "two-bytes-flipped", "grown", "file-missing", "no-manifest", "manifest-a-list", "entry-a-number"],
 )
 def test_damage_names_the_file_and_the_problem(checkpoint, harm, expected):
     harm(checkpoint / "adapter_model.safetensors")
@@ -244,6 +249,14 @@ def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
     lock.release()
     assert not list(tmp_path.glob(".lock*"))  # the stale one too
+
+
+@pytest.mark.parametrize("text", ['{"host": "vm"}', "[1, 2]"], ids=["no-pid", "a-list"])
+def test_a_lock_file_not_written_by_this_script_is_stale(tmp_path, text):
+    (tmp_path / ".lock").write_text(text)
+    lock = run_record.OutputLock(str(tmp_path)).acquire()
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    lock.release()
 
 
 def test_taking_the_lock_clears_what_a_job_killed_mid_save_left(tmp_path, capsys):
@@ -407,3 +420,12 @@ def test_only_the_checkpoints_the_job_wrote_are_resumed_or_pruned(tmp_path):
     (tmp_path / "step-00000001.tar.gz").write_bytes(b"")
     assert [p.name for p in run_record.checkpoints_in(tmp_path)] == ["step-00000005", "step-00000023"]
     assert run_record.checkpoints_in(tmp_path / "absent") == []
+
+
+def test_a_file_where_the_adapter_goes_is_replaced_and_leaves_nothing_behind(tmp_path):
+    """It was renamed to .old-adapter and left there, and every later run died on it (NotADirectoryError)."""
+    (tmp_path / "adapter").write_text("a user's notes")
+    run_record.publish_atomically(tmp_path / "adapter", lambda f: (f.mkdir(), (f / "x").write_text("x")), 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"] and (tmp_path / "adapter" / "x").is_file()
+    (tmp_path / ".old-adapter").write_text("left by a kill between the renames")
+    assert run_record.remove_interrupted_saves(tmp_path) == [] and not (tmp_path / ".old-adapter").exists()
