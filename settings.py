@@ -259,17 +259,25 @@ def check_model_source(model_id: str, model_config: str) -> None:
 
 
 def check_writable(directory: str) -> None:
-    if Path(directory).exists() and not Path(directory).is_dir():
-        raise InputError(f"OUTPUT_DIR {directory!r} is a file, not a folder")
-    probe = Path(directory) / f".write_probe_{socket.gethostname()}_{os.getpid()}"
-    try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
-    except OSError as e:
-        raise InputError(f"OUTPUT_DIR {directory!r} is not writable: {e}") from e
-    finally:
-        with contextlib.suppress(OSError):  # a full disk can leave the empty file behind
-            probe.unlink()
+    """OUTPUT_DIR, and its checkpoints/ where there is one (a link to scratch that is not mounted, a file, a
+    read-only mount), can be written: said at start, not at the first save after an epoch of training."""
+    checkpoints = Path(directory) / "checkpoints"
+    for folder, name in ((Path(directory), f"OUTPUT_DIR {directory!r}"), (checkpoints, str(checkpoints))):
+        if folder.is_symlink() and not folder.exists():
+            raise InputError(f"{name} links to {os.readlink(folder)!r}, which does not exist (not mounted?)")
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"{name} is a file, not a folder")
+        if folder == checkpoints and not folder.exists():
+            return  # made at the first save
+        probe = folder / f".write_probe_{socket.gethostname()}_{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe.write_text("ok")
+        except OSError as e:
+            raise InputError(f"{name} is not writable: {e}") from e
+        finally:
+            with contextlib.suppress(OSError):  # a full disk can leave the empty file behind
+                probe.unlink()
 
 
 def check_architecture(name: str, value: str, config_json: Path) -> None:

@@ -160,6 +160,21 @@ def test_an_output_dir_that_is_a_file_is_named_as_such(tmp_path):
         settings.check_writable(str(tmp_path / "out"))
 
 
+def test_a_checkpoints_folder_that_cannot_be_written_is_named_at_start(tmp_path):
+    """Found at the first save before: a whole epoch lost (SAVE_EVERY=0), or a FileExistsError traceback."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.symlink_to(tmp_path / "scratch-not-mounted" / "ck")
+    with pytest.raises(InputError, match=r"checkpoints links to '.*scratch-not-mounted/ck', which does not exist"):
+        settings.check_writable(str(tmp_path))
+    checkpoints.unlink()
+    checkpoints.write_text("")
+    with pytest.raises(InputError, match=r"checkpoints is a file, not a folder$"):
+        settings.check_writable(str(tmp_path))
+    checkpoints.unlink()
+    settings.check_writable(str(tmp_path))  # none yet: made at the first save
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_write_probe_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
     def disk_full(path, text):
         path.touch()  # created, then the write fails, as on a full disk
