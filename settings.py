@@ -119,12 +119,14 @@ OTHER_NAMES = {
     "SAVE_STEPS": "SAVE_EVERY",
     "EVAL_STEPS": "EVAL_EVERY",
     "LOGGING_STEPS": "LOG_EVERY",
+    "WARMUP": "WARMUP_STEPS",
+    "GRAD_ACCUM": "ACCUM_STEPS",
 }
 
 
 def misspelled(sources: dict, environ=os.environ) -> list[str]:
-    """A warning for each environment variable that is not a constant but looks like one, in any case, or is
-    another trainer's name for one (OTHER_NAMES)."""
+    """A line for each environment variable that is not a constant but looks like one, in any case, or is
+    another trainer's name for one (OTHER_NAMES): its value would be ignored, the default trained with."""
     warnings = []
     for var in environ:
         if var in sources:
@@ -132,9 +134,7 @@ def misspelled(sources: dict, environ=os.environ) -> list[str]:
         other = OTHER_NAMES.get(var.upper())
         close = [other] if other in sources else difflib.get_close_matches(var.upper(), sources, n=1, cutoff=0.85)
         if close:
-            warnings.append(
-                f"warning: {var}={environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?"
-            )
+            warnings.append(f"{var}={environ[var]!r} is not a setting of train_ddp.py; did you mean {close[0]}?")
     return warnings
 
 

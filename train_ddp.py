@@ -164,11 +164,16 @@ MAY_DIFFER_BY_RANK = ("MODEL_ID", "MODEL_CONFIG", "DATA_PATH", "EVAL_PATH", "OUT
 
 
 def checked_settings() -> tuple[Config, dict]:
-    """The constants as this process's environment sets them (settings.read), misspellings and ignored ones
-    said, the model and the adapter regex checked: each a clear error before anything reads the model."""
-    for warning in settings.misspelled(dict.fromkeys(f.name for f in dataclasses.fields(Config))):
-        say(warning)  # before read(): a bad value's error would hide them
-    cfg, sources = settings.read(Config, ALLOWED)
+    """The constants as this process's environment sets them (settings.read), ignored ones said, the model and
+    the adapter regex checked: each a clear error before anything reads the model. A misspelled constant stops
+    the run too (its value would be ignored), named beside any bad value's error."""
+    typos = settings.misspelled(dict.fromkeys(f.name for f in dataclasses.fields(Config)))
+    try:
+        cfg, sources = settings.read(Config, ALLOWED)
+    except InputError as e:
+        raise InputError("; ".join([*typos, str(e)])) from None
+    if typos:
+        raise InputError("; ".join(typos) + " (unset it, or set the constant by its name)")
     for warning in settings.ignored(cfg):
         say(warning)
     settings.check_model_source(cfg.MODEL_ID, cfg.MODEL_CONFIG)

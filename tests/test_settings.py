@@ -42,25 +42,36 @@ def test_an_environment_variable_that_looks_like_a_misspelled_constant_is_report
         "MAX_LEN": "512",  # the constant itself
     }
     assert [line.split(" is not")[0] + " -> " + line.split()[-1] for line in settings.misspelled(sources, environ)] == [
-        "warning: MICROBATCH='4' -> MICRO_BATCH?",
-        "warning: micro_batch='2' -> MICRO_BATCH?",
-        "warning: LORA_RANK='8' -> LORA_R?",
-        "warning: learning_rate='1e-3' -> LR?",
+        "MICROBATCH='4' -> MICRO_BATCH?",
+        "micro_batch='2' -> MICRO_BATCH?",
+        "LORA_RANK='8' -> LORA_R?",
+        "learning_rate='1e-3' -> LR?",
     ]
     assert settings.misspelled(sources, {"MICROBATCH": "4"}) == [
-        "warning: MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"
+        "MICROBATCH='4' is not a setting of train_ddp.py; did you mean MICRO_BATCH?"
     ]
     # no setting goes by another trainer's name (that would shadow it)
     assert not set(settings.OTHER_NAMES) & set(sources) and set(settings.OTHER_NAMES.values()) <= set(sources)
 
 
-def test_a_misspelled_constant_is_said_also_when_a_bad_value_stops_the_run(monkeypatch, capsys):
-    """LEARNING_RATE=1e-4 MICRO_BATCH=0: the error named MICRO_BATCH only; the LEARNING_RATE hint came a run later."""
-    monkeypatch.setenv("LEARNING_RATE", "1e-4")
-    monkeypatch.setenv("MICRO_BATCH", "0")
-    with pytest.raises(InputError, match=r"^MICRO_BATCH=0: allowed >= 1$"):
+def test_a_misspelled_constant_stops_the_run_and_is_named_beside_a_bad_value(monkeypatch):
+    """GRAD_ACCUM=4 trained with the default ACCUM_STEPS without a word, LORA_RANK=8 with a warning only; and a bad
+    value's error (MICRO_BATCH=0) must not hide the typo until a run later."""
+    monkeypatch.setenv("LORA_RANK", "8")
+    with pytest.raises(InputError) as stopped:
         T.checked_settings()
-    assert "warning: LEARNING_RATE='1e-4' is not a setting of train_ddp.py; did you mean LR?" in capsys.readouterr().out
+    assert str(stopped.value) == (
+        "LORA_RANK='8' is not a setting of train_ddp.py; did you mean LORA_R? (unset it, or set the constant by its "
+        "name)"
+    )
+    monkeypatch.setenv("GRAD_ACCUM", "4")
+    monkeypatch.setenv("MICRO_BATCH", "0")
+    with pytest.raises(InputError) as stopped:
+        T.checked_settings()
+    assert str(stopped.value) == (
+        "LORA_RANK='8' is not a setting of train_ddp.py; did you mean LORA_R?; GRAD_ACCUM='4' is not a setting of "
+        "train_ddp.py; did you mean ACCUM_STEPS?; MICRO_BATCH=0: allowed >= 1"
+    )
 
 
 def test_the_planners_choices_are_recorded_and_shown_as_planner_with_what_they_replaced():
