@@ -242,7 +242,7 @@ class HangWatchdog(threading.Thread):
                     + (f"\n[rank {self.rank}] {cause}" if cause else "")
                 )
                 record_for_torchrun(TimeoutError(report))
-                os._exit(1)  # nothing else can unblock a main thread that waits on the GPU
+                self.graceful.leave(1)  # nothing else can unblock a main thread that waits on the GPU
 
     def report(self, text: str) -> None:
         to_stderr(f"[rank {self.rank}] {text}")
@@ -395,7 +395,8 @@ class GracefulStop:
         self.watchdog = watchdog
         self._take_signals()
 
-    def _leave(self, code: int) -> None:
+    def leave(self, code: int) -> None:
+        """End the rank now (os._exit), releasing the OUTPUT_DIR lock first: os._exit skips atexit."""
         if self.lock:
             self.lock.release()
         os._exit(code)
@@ -407,14 +408,14 @@ class GracefulStop:
                 continue
             if self.watchdog is None:
                 to_stderr(f"[rank {self.rank}] {signal.Signals(signum).name}: exiting at once, without a checkpoint")
-                self._leave(128 + signum)
+                self.leave(128 + signum)
             if self.signal is None:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()
                 self.watchdog.post_stop(self.signal.name)  # after: a store that hangs must not delay the stop
             elif signum == signal.SIGINT:
                 self.watchdog.report("a second Ctrl-C: exiting at once, without a checkpoint")
-                self._leave(128 + signum)
+                self.leave(128 + signum)
 
     def _exit_if_stuck(self) -> None:
         start, before = time.monotonic(), self.watchdog.heartbeats()
@@ -428,7 +429,7 @@ class GracefulStop:
                     f"{self.signal.name}: {why} ({self.watchdog.position}); exiting without a checkpoint"
                     + (f"\n[rank {self.watchdog.rank}] {cause}" if cause else "")
                 )
-                self._leave(128 + self.signal.value)
+                self.leave(128 + self.signal.value)
             before = now
 
 

@@ -422,13 +422,25 @@ def not_a_checkpoint(resume: str) -> str | None:
     return None
 
 
+def process_identity(pid: int) -> str | None:
+    """What tells process `pid` apart from a later one given the same pid: this boot's id and the process's
+    start time (clock ticks since boot, /proc/PID/stat's 22nd field). None without /proc."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
+    except OSError:
+        return None
+    return f"{boot}/{fields[19]}"
+
+
 class OutputLock:
     """OUTPUT_DIR/.lock, held by the job's rank 0: host, pid and start time of the holder.
 
     Taken with O_EXCL, so two jobs can never both hold it. A lock whose holder is gone is taken over:
-    on the same host when its pid no longer runs; from another host when its holder has not refreshed
-    it (a thread does, every minute) for ten minutes. Released at exit. Whoever takes it clears the saves a
-    killed job left half-written (remove_interrupted_saves).
+    on the same host when its pid no longer runs, or now names another process (a container restarted under
+    the same hostname reuses pids: the holder's boot and start time, process_identity(), tell them apart);
+    from another host when its holder has not refreshed it (a thread does, every minute) for ten minutes.
+    Released at exit. Whoever takes it clears the saves a killed job left half-written (remove_interrupted_saves).
     """
 
     REFRESH_S, STALE_AFTER_S = 60, 600
@@ -437,6 +449,7 @@ class OutputLock:
         self.path = Path(directory) / ".lock"
         self.released = threading.Event()
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.me["process"] = process_identity(os.getpid())
 
     def acquire(self) -> "OutputLock":
         """Take the lock (returns it), or raise InputError naming the job that holds it."""
@@ -477,13 +490,15 @@ class OutputLock:
 
     def is_stale(self, holder: dict) -> bool:
         if holder.get("host") == self.me["host"]:
+            pid = int(holder["pid"])
             try:
-                os.kill(int(holder["pid"]), 0)
-                return False
+                os.kill(pid, 0)
             except ProcessLookupError:
                 return True
             except PermissionError:
-                return False  # it runs, as another user
+                pass  # it runs, as another user
+            known, now = holder.get("process"), process_identity(pid)
+            return pid == os.getpid() or (known is not None and now is not None and known != now)
         return time.time() - self.path.stat().st_mtime > self.STALE_AFTER_S
 
     def _refresh(self) -> None:

@@ -240,6 +240,26 @@ def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
         holder.wait()
 
 
+def test_a_lock_whose_pid_now_names_another_process_is_taken_over(tmp_path):
+    """A container restarted under the same hostname gives its processes the pids the last one had: the lock's
+    pid runs, but it is not the holder (another start time), or it is this very process."""
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine = run_record.process_identity(alive.pid)
+        assert mine is not None and mine != run_record.process_identity(os.getpid())
+        for pid, process in [(alive.pid, mine), (alive.pid, None)]:  # the holder itself, or a lock without it
+            (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "process": process}))
+            with pytest.raises(InputError, match=f"pid {alive.pid}"):
+                run_record.OutputLock(str(tmp_path)).acquire()
+        for pid, process in [(alive.pid, mine.split("/")[0] + "/1"), (os.getpid(), None)]:
+            (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "process": process}))
+            run_record.OutputLock(str(tmp_path)).acquire().release()
+            assert not list(tmp_path.glob(".lock*"))
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
