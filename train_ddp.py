@@ -622,8 +622,10 @@ def evaluate_if_due(
 ) -> bool:
     """The evaluation progress["eval_due"] asks for, unless the job is stopping (returns whether it is). One that a
     stop skips stays due: it is saved with the checkpoint and runs first when the run resumes (if EVAL_PATH is
-    still set: a resume may drop it)."""
-    if eval_set is None or not progress.get("eval_due"):
+    still set: a resume may drop it, and nothing is due then)."""
+    if eval_set is None:
+        progress.pop("eval_due", None)
+    if not progress.get("eval_due"):
         return stopping
     step = progress["step"]
     what = "final evaluation" if step == log.total_steps else f"evaluation at step {step}"
@@ -841,7 +843,7 @@ def main() -> None:
         evaluate_due = functools.partial(
             evaluate_if_due, model, eval_set, collate, device, cfg.MICRO_BATCH, stop, progress, log
         )
-        if evaluate_due(stopping) and progress["step"] < total_steps:  # one a stop skipped: before anything else
+        if evaluate_due(stopping):  # one a stop skipped: before anything else
             say(f"stopped by {stop.by} before step {first_step}: {resume} still holds this state and resumes")
             return
 
@@ -875,7 +877,9 @@ def main() -> None:
                 if eval_set is not None and (cfg.EVAL_EVERY and step % cfg.EVAL_EVERY == 0 or step == total_steps):
                     progress["eval_due"] = True  # in every checkpoint until it has run: a stop only postpones it
                 stopping = evaluate_due(stopping)  # preempted before or during it: checkpoint as below
-                preempted = stopping and step < total_steps  # every rank learnt it in the same all-reduce
+                # every rank learnt it in the same all-reduce; a final evaluation it skipped is left to the rerun,
+                # which resumes from this checkpoint, evaluates, then saves the adapter
+                preempted = stopping and (step < total_steps or progress.get("eval_due"))
                 periodic = cfg.SAVE_EVERY and step % cfg.SAVE_EVERY == 0 and step < total_steps
                 if preempted or periodic or progress["epoch"] > epoch:
                     if preempted:
@@ -899,7 +903,7 @@ def main() -> None:
             )
 
         # 7. Drift check and the adapter (rank 0 writes, everyone waits at a barrier).
-        if stopping:  # preempted in the last step or its evaluation: the adapter is saved within torchrun's 30 s
+        if stopping:  # preempted in the last step (no evaluation due): the adapter is saved within torchrun's 30 s
             stop.at_boundary.set()
         checksum = guards.check_replicas_identical(model.module, progress["step"])
         t_save = time.perf_counter()

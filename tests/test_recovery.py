@@ -855,12 +855,24 @@ def test_sigterm_as_an_evaluation_starts_saves_that_step_and_auto_resumes_this_r
     assert evals[0] == evals[1] and len(evals[0]) == 2, evals  # steps 3 and 6, on the very same weights
 
 
-def test_sigterm_as_the_final_evaluation_starts_still_saves_the_adapter(tmp_path, data, reference):
-    out = tmp_path / "out"
-    run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT=f"term@{TOTAL_STEPS}@1", EVAL_EVERY="0"))
+def test_sigterm_as_the_final_evaluation_starts_leaves_it_and_the_adapter_to_the_rerun(tmp_path, data, reference):
+    """A stop that skips the final evaluation checkpoints the last step instead of saving the adapter (which would
+    make the rerun find the run complete, its evaluation never run): the rerun evaluates the very weights the
+    reference evaluated, then saves the adapter."""
+    out, env = tmp_path / "out", {"EVAL_EVERY": "0"}  # the final evaluation only
+    run = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT=f"term@{TOTAL_STEPS}@1", **env))
     assert run.returncode == 0, run.output[-4000:]
     assert "final evaluation skipped: stopped by SIGTERM on rank 1" in run.output, run.output[-4000:]
+    assert f"after step {TOTAL_STEPS}: {out}/checkpoints/step-{TOTAL_STEPS:08d} saved" in run.output, run.output[-3000:]
+    assert not (out / "adapter").exists()
+    rerun = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, **env))
+    assert rerun.returncode == 0 and resumed_step(rerun.output) == TOTAL_STEPS, rerun.output[-3000:]
+    assert rerun.output.index("eval | final |") < rerun.output.index("saved to"), rerun.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))  # the evaluations never touch the training
+    evals = [
+        [r["eval_loss"] for r in metrics(o) if r["step"] == TOTAL_STEPS and "eval_loss" in r] for o in (out, reference)
+    ]
+    assert evals[0] == evals[1] and len(evals[0]) == 1, evals
 
 
 # ---------------------------------------------------------------- the job ends
