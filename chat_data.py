@@ -440,23 +440,39 @@ def training_text(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int,
     return "".join(pieces) + history[copied:], answers
 
 
+HEAD_CHARS_PER_TOKEN = 8  # a first cut of a long text, in characters per token kept (a token is about 4)
+
+
+def encode_head(tokenizer, text: str, max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The first max_len tokens of `text` and their character offsets, as tokenizing all of it gives them, without
+    tokenizing all of it: a row of megabytes (a log or a book pasted into one turn) would cost seconds and
+    gigabytes on every fetch. Longer and longer heads are tokenized until two agree on those tokens (a cut can
+    change only the tokens near it)."""
+    cut, before = HEAD_CHARS_PER_TOKEN * max_len, None
+    while True:
+        encoded = tokenizer(text[:cut], add_special_tokens=False, return_offsets_mapping=True)  # text has its <bos>
+        head = encoded["input_ids"][:max_len], encoded["offset_mapping"][:max_len]
+        if cut >= len(text) or (len(head[0]) == max_len and head == before):
+            return head
+        cut, before = 2 * cut, head
+
+
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
-    """Token ids and labels for one conversation (training_text(), tokenized once). With assistant_only, labels
-    are -100 except on the tokens of each answer (a token that spans its first character included)."""
+    """Token ids and labels for one conversation (training_text(), tokenized up to max_len). With assistant_only,
+    labels are -100 except on the tokens of each answer (a token that spans its first character included)."""
     text, answers = training_text(tokenizer, messages)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # the text has its <bos>
-    input_ids = encoded["input_ids"]
+    input_ids, offsets = encode_head(tokenizer, text, max_len)
     if not assistant_only:
         labels = list(input_ids)
     else:
         labels, spans = [IGNORE_INDEX] * len(input_ids), iter(answers)
         span = next(spans, None)
-        for j, (first, last) in enumerate(encoded["offset_mapping"]):
+        for j, (first, last) in enumerate(offsets):
             while span is not None and span[1] <= first:
                 span = next(spans, None)
             if span is not None and first < span[1] and span[0] < last:
                 labels[j] = input_ids[j]
-    return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
+    return {"input_ids": input_ids, "labels": labels}
 
 
 class ChatDataset(Dataset):
@@ -486,11 +502,13 @@ class ChatDataset(Dataset):
                 kept = None
             if isinstance(kept, list) and len(kept) == len(self.conversations):
                 return kept
-        lengths = []
+        lengths, cut = [], HEAD_CHARS_PER_TOKEN * self.max_len
         for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
             texts = [training_text(self.tokenizer, c)[0] for c in self.conversations[at : at + 1024]]
+            short = self.tokenizer([t if len(t) <= cut else "" for t in texts], add_special_tokens=False)["input_ids"]
             lengths += [
-                min(len(ids), self.max_len) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+                min(len(ids), self.max_len) if len(t) <= cut else len(encode_head(self.tokenizer, t, self.max_len)[0])
+                for t, ids in zip(texts, short, strict=True)
             ]
         if self.lengths_file is not None:  # every rank writes the same list; the rename makes it whole or absent
             partial = self.lengths_file.with_name(f"{self.lengths_file.name}.{os.getpid()}.partial")

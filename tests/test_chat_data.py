@@ -568,6 +568,45 @@ def test_a_conversation_is_tokenized_once_however_many_turns_it_has(tokenizer):
     assert len(calls) == 1 and len(answer_spans(ex["input_ids"], ex["labels"])) == 40
 
 
+@pytest.mark.parametrize(
+    "answer",
+    ["Ünïcode wörds, and   spaces\t" * 9000, "a" * 200_000, "x" * 5000 + " " * 3000 + "y" * 9000],
+    ids=["words", "one-long-word", "runs"],
+)
+def test_a_row_far_longer_than_max_len_tokenizes_its_head_only_and_exactly(tokenizer, answer):
+    """A row of megabytes (a log pasted into a turn) was tokenized whole on every fetch: seconds and gigabytes."""
+    longest = []
+
+    class Measured:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text, **kwargs):
+            longest.append(max(map(len, [text] if isinstance(text, str) else text)))
+            return tokenizer(text, **kwargs)
+
+    messages = [{"role": "user", "content": "Summarise this."}, {"role": "assistant", "content": answer}]
+    whole = chat_data.tokenize_conversation(tokenizer, messages, 10**9, assistant_only=True)
+    head = chat_data.tokenize_conversation(Measured(), messages, 256, assistant_only=True)
+    assert head == {key: ids[:256] for key, ids in whole.items()} and len(whole["input_ids"]) > 256
+    assert max(longest) < len(answer) / 4, longest
+    assert chat_data.ChatDataset([messages], Measured(), 256, True).token_lengths == [256]
+    assert max(longest) < len(answer) / 4, longest
+
+
+@pytest.mark.parametrize("max_len", [21, 33])
+def test_a_head_cut_inside_its_last_token_is_not_taken_for_the_whole_texts(tokenizer, monkeypatch, max_len):
+    """At one character per token, the cut of 2 * max_len characters leaves max_len tokens here, the last one a
+    piece of a word: only a longer head that agrees with it settles the tokens."""
+    monkeypatch.setattr(chat_data, "HEAD_CHARS_PER_TOKEN", 1)
+    text = "Ünïcode wörds, and   spaces\t" * 500
+    whole = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert chat_data.encode_head(tokenizer, text, max_len) == (
+        whole["input_ids"][:max_len],
+        whole["offset_mapping"][:max_len],
+    )
+
+
 @pytest.mark.parametrize("key", ["conversation", "conversations", "message"])
 def test_a_near_miss_of_the_messages_key_gets_a_rename_hint(tmp_path, key):
     path = write_chat(tmp_path, {key: chat("Hi", "Yo")["messages"]})
