@@ -58,9 +58,10 @@ NOT_JSONL = {
 def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts; the first
     bad row is named, with the count and lines of the others. A UTF-8 byte-order mark is skipped (at the start of
-    any line: files joined with cat keep theirs); content given as a list of text parts is joined (one part per
-    line). Text that spells one of the tokenizer's `control_tokens` (control_tokens()) is refused: the tokenizer
-    would read it as that token, a fake turn or end of text inside a message."""
+    any line: files joined with cat keep theirs); content given as a list of text parts stays a list, for the
+    chat template to join (template_messages). Text that spells one of the tokenizer's `control_tokens`
+    (control_tokens()) is refused: the tokenizer would read it as that token, a fake turn or end of text inside a
+    message."""
     if path.startswith(("/dev/fd/", "/proc/self/fd/")) or (Path(path).exists() and not Path(path).is_file()):
         if not Path(path).is_dir():  # a pipe gives its data once, and torchrun does not pass a <(...) on to its ranks
             raise InputError(f"{path}: not a regular file (a pipe or <(...)?): write the data to a file first")
@@ -99,10 +100,11 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
         except InputError as e:
             bad[lineno] = str(e)
             continue
-        if any(m["role"] == "assistant" and m.get("weight", 1) and not visible(m["content"]) for m in messages):
+        if any(m["role"] == "assistant" and m.get("weight", 1) and not visible(text_of(m)) for m in messages):
             empty.append(lineno)
         for j, m in enumerate(messages):
-            if found := control_text.search(m["content"]):
+            glued = "" if isinstance(m["content"], str) else "".join(p["text"].strip() for p in m["content"])
+            if found := control_text.search(text_of(m)) or control_text.search(glued):  # parts a template glues
                 control.setdefault(lineno, (j, found[0]))
         rows.append(messages)
     if bad:
@@ -241,8 +243,9 @@ MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "vid
 
 
 def checked_message(m, where: str) -> dict:
-    """One message as {"role", "content": str, ...}; content parts ([{"type": "text", "text": ...}]) joined.
-    OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
+    """One message as {"role", "content", ...}: content a string, or a list of text parts, each made
+    {"type": "text", "text": ...} (the Responses API's input_text and output_text too: Gemma 4's template renders
+    only "text"). OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
     if not isinstance(m, dict):
         raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
     if "role" not in m:  # another shape of message ({"from", "value"}, {"type", "data"})
@@ -279,23 +282,58 @@ def checked_message(m, where: str) -> dict:
                     f"{where}: content[{k}] is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) "
                     f"can be trained on here: drop {drop}"
                 )
-        content = "\n".join(part["text"] for part in content)
+        content = [{"type": "text", "text": part["text"]} for part in content]
     if content is None and m.get("refusal"):
         raise InputError(f"{where}: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'")
     if "content" not in m:  # e.g. Gemini's "parts", or the text under "text" or "value"
         raise InputError(missing_key("content", m, where))
-    if not isinstance(content, str):
+    if not isinstance(content, str | list):
         raise InputError(
             f"{where}: 'content' is {json.dumps(content)[:40]}; it must be a string (or a list of text parts)"
         )
+    m = {**m, "content": content}
     try:
-        content.encode("utf-8")
+        text_of(m).encode("utf-8")
     except UnicodeEncodeError as e:
         raise InputError(
-            f"{where}: 'content' has a lone surrogate ({content[e.start]!r} at character {e.start + 1}), which is "
-            f"not Unicode text: a broken \\u escape in the JSON; fix or drop the row"
+            f"{where}: 'content' has a lone surrogate ({text_of(m)[e.start]!r} at character {e.start + 1}), which "
+            f"is not Unicode text: a broken \\u escape in the JSON; fix or drop the row"
         ) from None
-    return {**m, "content": content}
+    return m
+
+
+def text_of(message: dict) -> str:
+    """A checked message's text, its parts one per line: for the checks here (the chat template joins parts its
+    own way: template_messages)."""
+    content = message["content"]
+    return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
+
+
+@functools.cache
+def renders_parts(tokenizer, chat_template: str, role: str) -> bool:
+    """Whether `chat_template` renders a `role` message's content given as a list of text parts (Gemma 4's
+    does), rather than failing or printing the list itself (one that takes strings only: the tiny model's)."""
+    parts = [{"type": "text", "text": "Q7f1"}, {"type": "text", "text": "Z3k9"}]
+    before = [{"role": "user", "content": "x"}] if role == "assistant" else []
+    after = [{"role": "user", "content": "x"}] if role == "system" else []
+    try:
+        text = tokenizer.apply_chat_template([*before, {"role": role, "content": parts}, *after], tokenize=False)
+    except Exception:  # the template's own error on a list: it takes strings
+        return False
+    return "Q7f1" in text and "Z3k9" in text and "type" not in text
+
+
+def template_messages(tokenizer, messages: list[dict]) -> list[dict]:
+    """The messages as the chat template is given them: text parts as the list they are where the template
+    renders lists, so it joins them as it does for a server's request (Gemma 4's trims each part and joins them
+    with nothing; the first system message's with a space after each); else joined one per line, as vLLM joins
+    them for a template that takes strings."""
+    return [
+        m
+        if isinstance(m["content"], str) or renders_parts(tokenizer, tokenizer.chat_template, m["role"])
+        else {**m, "content": text_of(m)}
+        for m in messages
+    ]
 
 
 def missing_key(key: str, message: dict, where: str) -> str:
@@ -413,6 +451,7 @@ def training_text(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int,
     assistant turn opened as the generation prompt opens it: what the model sees at inference before it answers
     (answer_cue; the text put in is not a target)."""
     render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
+    messages = template_messages(tokenizer, messages)
     history = render(messages)
     pieces, answers, copied = [], [], 0  # copied: characters of `history` taken so far
     for i, m in enumerate(messages):
@@ -481,7 +520,7 @@ class ChatDataset(Dataset):
     def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool, lengths_file: Path | None = None):
         self.conversations, self.tokenizer = conversations, tokenizer
         self.max_len, self.assistant_only, self.lengths_file = max_len, assistant_only, lengths_file
-        self.lengths = [sum(len(m["content"]) for m in c) for c in conversations]  # characters: no tokenizing
+        self.lengths = [sum(len(text_of(m)) for m in c) for c in conversations]  # characters: no tokenizing
 
     def __len__(self):
         return len(self.conversations)
@@ -521,7 +560,7 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
     """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer (its
     vocabulary and chat template), MAX_LEN, and the code that makes a row's text (lengths an older version
     counted would overfill packed rows)."""
-    code = inspect.getsource(training_text)
+    code = inspect.getsource(training_text) + inspect.getsource(template_messages)
     parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len), code]
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
@@ -561,7 +600,7 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
 
 def row_key(messages: list[dict]) -> tuple:
     """A row as it is trained on (roles, texts with their parts joined, weights), whatever its key order."""
-    return tuple((m["role"], m["content"], m.get("weight", 1)) for m in messages)
+    return tuple((m["role"], text_of(m), m.get("weight", 1)) for m in messages)
 
 
 def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: str) -> str:
@@ -612,7 +651,7 @@ def fields_left_out(tokenizer, conversations: list[list[dict]], path: str) -> st
 def inline_reasoning(conversations: list[list[dict]], path: str) -> str:
     """A warning counting the answers that carry <think>...</think> reasoning in their text (R1-style distills):
     it trains as visible answer text, after the empty thought block Gemma 4's generation prompt closes."""
-    n = sum(m["role"] == "assistant" and "<think>" in m["content"] for messages in conversations for m in messages)
+    n = sum(m["role"] == "assistant" and "<think>" in text_of(m) for messages in conversations for m in messages)
     if not n:
         return ""
     return (

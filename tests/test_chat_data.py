@@ -458,13 +458,47 @@ def test_the_control_token_pattern_finds_what_a_plain_alternation_finds():
     assert chat_data.any_of([]).search("<bos>") is None
 
 
-def test_text_parts_are_joined_and_other_parts_refused(tmp_path):
-    parts = [{"type": "text", "text": "Hello"}, {"type": "output_text", "text": "there."}]  # output_text: Responses API
-    question = [{"type": "input_text", "text": "Hi"}]
-    row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]}
-    assert [m["content"] for m in chat_data.load_conversations(write_chat(tmp_path, row))[0]] == ["Hi", "Hello\nthere."]
-    row["messages"][0]["content"] = [{"type": "image", "url": "cat.png"}]
-    with pytest.raises(InputError, match=r"chat\.jsonl:1: messages\[0\]: content\[0\] is 'image'; only text parts"):
+# Gemma 4's way with text parts (written here, not copied): each part trimmed and joined with nothing; in a system
+# message, a space after each; only parts of type "text" rendered
+PARTS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<|turn>' + role + '\\n' }}{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}"
+    "{% for part in m['content'] if part['type'] == 'text' %}"
+    "{{ part['text'] | trim + (' ' if role == 'system' else '') }}{% endfor %}{% endif %}{{ '<turn|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
+)
+
+
+def test_text_parts_are_joined_by_a_chat_template_that_renders_lists_else_one_per_line(tmp_path, tokenizer):
+    """A row of text parts trains on the text the template renders from the same request at inference (joined
+    "\n" for a template that takes strings, as vLLM joins them); the Responses API's input_text and output_text
+    are text parts (Gemma 4's template renders "text" parts only, and would drop them)."""
+    from transformers import AutoTokenizer
+
+    def parts(*texts):
+        return [
+            {"type": kind, "text": t} for kind, t in zip(["text", "input_text", "output_text"], texts, strict=False)
+        ]
+
+    roles = [
+        ("system", parts("Rule one.", " Rule two.")),
+        ("user", parts("Part one. ", "Part two.")),
+        ("assistant", parts("Line one.", "Line two.")),
+    ]
+    row = {"messages": [{"role": r, "content": c} for r, c in roles]}
+    messages = chat_data.load_conversations(write_chat(tmp_path, row))[0]
+    lists = AutoTokenizer.from_pretrained(TINY_MODEL)
+    lists.chat_template = PARTS_TEMPLATE
+    served = f"{lists.bos_token}<|turn>system\nRule one. Rule two. <turn|>\n<|turn>user\nPart one.Part two.<turn|>\n"
+    assert chat_data.training_text(lists, messages)[0] == served + "<|turn>model\nLine one.Line two.<turn|>\n"
+    ex = chat_data.tokenize_conversation(lists, messages, 4096, assistant_only=True)
+    assert [lists.decode(ex["input_ids"][a:b]) for a, b in answer_spans(ex["input_ids"], ex["labels"])] == [
+        "Line one.Line two.<turn|>"
+    ]
+    strings = chat_data.training_text(tokenizer, messages)[0]  # the tiny model's template takes strings only
+    assert "system\nRule one.\n Rule two.<turn|>" in strings and "user\nPart one. \nPart two.<turn|>" in strings
+    row["messages"][1]["content"] = [{"type": "image", "url": "cat.png"}]
+    with pytest.raises(InputError, match=r"chat\.jsonl:1: messages\[1\]: content\[0\] is 'image'; only text parts"):
         chat_data.load_conversations(write_chat(tmp_path, row))
 
 

@@ -28,7 +28,7 @@ for i, messages in enumerate(rows):
         spans.append(current)
     got = [tok.decode(s) for s in spans]
     want = [
-        m["content"].strip() + chat_data.END_OF_TURN
+        chat_data.text_of(m).strip() + chat_data.END_OF_TURN
         for m in messages
         if m["role"] == "assistant" and m.get("weight", 1)
     ]

@@ -44,7 +44,11 @@ def main() -> None:
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         got_text = [text[offsets[a][0] : offsets[b - 1][1]] for a, b in spans(labels)]
         got_decoded = [tok.decode(ids[a:b]) for a, b in spans(labels)]
-        want = [m["content"].strip() + "<turn|>" for m in messages if m["role"] == "assistant" and m.get("weight", 1)]
+        want = [
+            chat_data.text_of(m).strip() + "<turn|>"
+            for m in messages
+            if m["role"] == "assistant" and m.get("weight", 1)
+        ]
         if got_text != want or got_decoded != want:
             bad += 1
             pairs = enumerate(zip(got_text, want, strict=False))
