@@ -215,8 +215,9 @@ NOT_RENDERED = {
     "function_call": "tool calls are not trained on here: drop the row",
     **dict.fromkeys(
         ("reasoning_content", "reasoning", "thinking"),
-        "thinking traces are not trained on here (Gemma 4's template leaves them out of a conversation's history): "
-        "drop the field to train on the answer alone, or drop the row",
+        "thinking traces are not trained on here (Gemma 4's template renders them only on answers after the last "
+        "user message, and drops them from earlier turns): drop the field to train on the answer alone, or drop "
+        "the row",
     ),
 }
 # ... and keys beside "messages" that would change what the model sees, dropped without a word otherwise
