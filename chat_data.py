@@ -1,6 +1,7 @@
 """Chat data: JSONL rows of {"messages": [...]}, validated up front (file, line and field named), rendered
 with the tokenizer's chat template into token ids and labels (assistant turns only, or every token)."""
 
+import argparse
 import codecs
 import functools
 import hashlib
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,11 +59,49 @@ NOT_JSONL = {
 
 def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts; the first
-    bad row is named, with the count and lines of the others. A UTF-8 byte-order mark is skipped (at the start of
-    any line: files joined with cat keep theirs); content given as a list of text parts stays a list, for the
-    chat template to join (template_messages). Text that spells one of the tokenizer's `control_tokens`
-    (control_tokens()) is refused: the tokenizer would read it as that token, a fake turn or end of text inside a
-    message."""
+    bad row is named, with the count and lines of the others (and, where some rows pass, the command that keeps
+    them: python chat_data.py). A UTF-8 byte-order mark is skipped (at the start of any line: files joined with
+    cat keep theirs); content given as a list of text parts stays a list, for the chat template to join
+    (template_messages). Text that spells one of the tokenizer's `control_tokens` (control_tokens()) is refused:
+    the tokenizer would read it as that token, a fake turn or end of text inside a message."""
+    lines = file_lines(path)
+    rows, bad, empty, control = row_verdicts(lines, path, control_tokens)
+    passing = len(rows.keys() - set(empty) - control.keys())  # (a bad row never parsed)
+    command = f"python {shlex.quote(os.path.relpath(__file__))} {shlex.quote(path)} OUT.jsonl"
+    keep = f"; or keep the {passing} rows that pass: {command}" if passing else ""
+    if bad:
+        first, more = next(iter(bad.values())), list(bad)[1:]
+        raise InputError(
+            first + (f" (and {len(more)} more bad row(s): lines {first_lines(more)})" if more else "") + keep
+        )
+    if empty:
+        raise InputError(
+            f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
+            f"{first_lines(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
+            + keep
+        )
+    if thinking := next((n for n, (_, token) in control.items() if token == "<|channel>"), None):
+        raise InputError(
+            f"{path}:{thinking}: messages[{control[thinking][0]}] holds a thinking block ('<|channel>...<channel|>'), "
+            f"which Gemma 4's template leaves out of a conversation's history: remove the block to train on the "
+            f"answer alone, or drop the row"
+        )
+    if control:
+        lineno, (j, token) = next(iter(control.items()))
+        drop = " ".join(f"-e {shlex.quote(t)}" for t in sorted({t for _, t in control.values()}))
+        raise InputError(
+            f"{path}:{lineno}: messages[{j}] has {token!r} in its text, which the tokenizer reads as that control "
+            f"token, not as text; in {len(control)} row(s) (lines {first_lines(list(control))}): rewrite them, or "
+            f"drop them: grep -vF {drop} {shlex.quote(path)} > OUT.jsonl"
+        )
+    if not rows:
+        raise InputError(f"{path}: no examples (the file is {'empty' if lines == [b''] else 'blank'})")
+    return list(rows.values())
+
+
+def file_lines(path: str) -> list[bytes]:
+    """The lines of the data file `path`, after the checks of the file as a whole (a pipe, not readable,
+    compressed or another format)."""
     if path.startswith(("/dev/fd/", "/proc/self/fd/")) or (Path(path).exists() and not Path(path).is_file()):
         if not Path(path).is_dir():  # a pipe gives its data once, and torchrun does not pass a <(...) on to its ranks
             raise InputError(f"{path}: not a regular file (a pipe or <(...)?): write the data to a file first")
@@ -82,9 +122,14 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
     # Lines end at LF, as grep -n and sed -n count them: splitlines() also broke at every CR, so a row ending in
     # CR CR LF (CRLF text written again in Windows text mode) or a raw CR inside a string shifted every later line
     # number named. A file of CR-only line ends (classic Mac) is split at its CRs.
-    lines = data.split(b"\n") if b"\n" in data else data.split(b"\r")
+    return data.split(b"\n") if b"\n" in data else data.split(b"\r")
+
+
+def row_verdicts(lines: list[bytes], path: str, control_tokens: Sequence[str]) -> tuple[dict, dict, list, dict]:
+    """Each row's verdict, by line number: (the rows that parse, {line: messages}; the bad ones, {line: error};
+    the lines of rows with an empty answer; {line: (message, control token it spells)})."""
     control_text = any_of(control_tokens)
-    rows, bad, empty, control = [], {}, [], {}  # bad: {line: error}; control: {line: (message, token it spells)}
+    rows, bad, empty, control = {}, {}, [], {}
     for lineno, raw in enumerate(lines, 1):
         raw = raw.removeprefix(codecs.BOM_UTF8)
         if not raw.strip():
@@ -106,32 +151,32 @@ def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[li
             glued = "" if isinstance(m["content"], str) else "".join(p["text"].strip() for p in m["content"])
             if found := control_text.search(text_of(m)) or control_text.search(glued):  # parts a template glues
                 control.setdefault(lineno, (j, found[0]))
-        rows.append(messages)
-    if bad:
-        first, more = next(iter(bad.values())), list(bad)[1:]
-        raise InputError(first + (f" (and {len(more)} more bad row(s): lines {first_lines(more)})" if more else ""))
-    if empty:
-        raise InputError(
-            f"{path}:{empty[0]}: an assistant turn with empty content, in {len(empty)} row(s) (lines "
-            f"{first_lines(empty)}); drop those rows: training on an empty answer teaches the model to stop at once"
-        )
-    if thinking := next((n for n, (_, token) in control.items() if token == "<|channel>"), None):
-        raise InputError(
-            f"{path}:{thinking}: messages[{control[thinking][0]}] holds a thinking block ('<|channel>...<channel|>'), "
-            f"which Gemma 4's template leaves out of a conversation's history: remove the block to train on the "
-            f"answer alone, or drop the row"
-        )
-    if control:
-        lineno, (j, token) = next(iter(control.items()))
-        drop = " ".join(f"-e {shlex.quote(t)}" for t in sorted({t for _, t in control.values()}))
-        raise InputError(
-            f"{path}:{lineno}: messages[{j}] has {token!r} in its text, which the tokenizer reads as that control "
-            f"token, not as text; in {len(control)} row(s) (lines {first_lines(list(control))}): rewrite them, or "
-            f"drop them: grep -vF {drop} {shlex.quote(path)} > OUT.jsonl"
-        )
-    if not rows:
-        raise InputError(f"{path}: no examples (the file is {'blank' if data else 'empty'})")
-    return rows
+        rows[lineno] = messages
+    return rows, bad, empty, control
+
+
+def keep_passing_rows(path: str, out: str, control_tokens: Sequence[str]) -> str:
+    """Write the rows of `path` that pass load_conversations' checks to `out`, each line as it was (atomically: a
+    whole file or none); returns how many were kept, and why the others were not, by reason."""
+    if Path(out).resolve() == Path(path).resolve():
+        raise InputError(f"{out}: the output would overwrite the data: name another file")
+    lines = file_lines(path)
+    rows, bad, empty, control = row_verdicts(lines, path, control_tokens)
+    why = {n: re.sub(r"^messages\[\d+\]: ", "", error.removeprefix(f"{path}:{n}: ")) for n, error in bad.items()}
+    why |= {n: "an assistant turn with empty content" for n in empty}
+    why |= {
+        n: f"{token!r} in the text, which the tokenizer reads as a control token" for n, (_, token) in control.items()
+    }
+    partial = Path(f"{out}.partial")
+    partial.write_bytes(b"".join(lines[n - 1] + b"\n" for n in rows if n not in why))
+    os.replace(partial, out)
+    by_reason: dict[str, list[int]] = {}
+    for n in sorted(why):
+        by_reason.setdefault(why[n], []).append(n)
+    refused = sorted(by_reason.items(), key=lambda item: -len(item[1]))
+    return f"{out}: {len(rows.keys() - why.keys())} of {len(rows) + len(bad)} rows kept" + "".join(
+        f"\n  {len(at)} left out: {reason} (lines {first_lines(at)})" for reason, at in refused
+    )
 
 
 def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
@@ -674,3 +719,22 @@ def packing_fill(dataset: ChatDataset, packed) -> str:
         f"; packed {len(dataset)} conversations into {len(packed)} rows of MAX_LEN={dataset.max_len}: fill "
         f"{tokens / (len(packed) * dataset.max_len):.1%}"
     )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description="Copy the rows of a chat JSON Lines file that train_ddp.py accepts to another file, and say "
+        "why each other row was left out."
+    )
+    parser.add_argument("data", help="the JSON Lines file to check")
+    parser.add_argument("out", help="where the rows that pass go")
+    parser.add_argument(
+        "--model",
+        default=str(Path(__file__).parent / "assets" / "tiny-gemma4"),
+        help="the tokenizer whose control tokens the text must not spell (default: the tiny Gemma 4's, Gemma 4's)",
+    )
+    args = parser.parse_args()
+    try:
+        print(keep_passing_rows(args.data, args.out, control_tokens(chat_tokenizer(args.model))))
+    except InputError as e:
+        sys.exit(f"error: {e}")

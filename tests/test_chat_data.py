@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_DATA, TINY_MODEL
+from conftest import ROOT, SAMPLE_DATA, TINY_MODEL
 
 import chat_data
 from collate import IGNORE_INDEX
@@ -458,6 +458,7 @@ def test_the_control_token_pattern_finds_what_a_plain_alternation_finds():
     assert chat_data.any_of([]).search("<bos>") is None
 
 
+KEEP = f"python {os.path.relpath(ROOT / 'chat_data.py')}"  # the command that keeps the rows that pass
 # Gemma 4's way with text parts (written here, not copied): each part trimmed and joined with nothing; in a system
 # message, a space after each; only parts of type "text" rendered
 PARTS_TEMPLATE = (
@@ -547,7 +548,39 @@ def test_every_bad_row_is_counted_not_only_the_first(tmp_path):
     with pytest.raises(InputError) as e:
         chat_data.load_conversations(path)
     assert str(e.value).startswith(f"{path}:2: expected an object with a non-empty 'messages' list; this looks like")
-    assert str(e.value).endswith("(and 2 more bad row(s): lines 4, 5)")
+    assert str(e.value).endswith(
+        f"(and 2 more bad row(s): lines 4, 5); or keep the 2 rows that pass: {KEEP} {path} OUT.jsonl"
+    )
+
+
+def test_the_rows_that_pass_are_kept_by_one_command_the_error_names(tmp_path, tokenizer):
+    """A realistic mix holds rows no run can train on (agentic turns, an empty answer, a control token): the error
+    names the command that writes the others to a new file, each line as it was, and says why each row was left."""
+    tool = {"messages": [*chat("Weather?", "Let me look.")["messages"], {"role": "tool", "content": "12 C"}]}
+    sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
+    good = [chat("a", "b"), chat("c", [{"type": "text", "text": "d"}]), chat("e", "f")]
+    path = write_chat(tmp_path, good[0], tool, chat("x", ""), good[1], tool, chat("y", "<eos> z"), sharegpt, good[2])
+    with pytest.raises(InputError) as e:
+        chat_data.load_conversations(path, chat_data.control_tokens(tokenizer))
+    command = f"{KEEP} {path} OUT.jsonl"
+    assert str(e.value).startswith(f"{path}:2: messages[2]: unknown role 'tool'"), str(e.value)
+    assert str(e.value).endswith(f"; or keep the 3 rows that pass: {command}"), str(e.value)
+    out = tmp_path / "kept.jsonl"
+    run = subprocess.run(
+        [sys.executable, ROOT / "chat_data.py", path, out], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == f"{out}: 3 of 8 rows kept", run.stdout
+    assert re.search(r"\n  2 left out: unknown role 'tool' .* \(lines 2, 5\)\n", run.stdout), run.stdout
+    assert "1 left out: an assistant turn with empty content (lines 3)" in run.stdout, run.stdout
+    assert "1 left out: '<eos>' in the text, which the tokenizer reads as a control token (lines 6)" in run.stdout
+    assert "1 left out: expected an object with a non-empty 'messages' list" in run.stdout, run.stdout
+    assert out.read_bytes() == b"".join(json.dumps(row).encode() + b"\n" for row in good)
+    assert len(chat_data.load_conversations(str(out), chat_data.control_tokens(tokenizer))) == 3
+    again = subprocess.run(
+        [sys.executable, ROOT / "chat_data.py", out, out], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 1 and "the output would overwrite the data" in again.stderr, again.stderr
 
 
 def test_an_answer_of_invisible_characters_is_an_empty_answer(tmp_path):
