@@ -157,6 +157,11 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+def progress_of(folder: Path) -> dict:
+    """How far the run that wrote `folder` (a checkpoint or the adapter) got: run.json's progress."""
+    return json.loads((folder / "run.json").read_text())["progress"]
+
+
 def write_run_json(folder: Path, run_config: dict, progress: dict) -> None:
     """folder/run.json: the run's settings and identity, and how far it got (read by resume and reruns)."""
     (folder / "run.json").write_text(json.dumps({**run_config, "progress": progress}, indent=1, default=str))
@@ -236,25 +241,38 @@ def readable_size(n_bytes: float) -> str:
         n_bytes /= 1024
 
 
-def final_adapter(run, current: dict) -> tuple[Path, list[str], int] | None:
+def final_adapter(run, current: dict) -> tuple[Path, list[str], dict] | None:
     """OUTPUT_DIR's final adapter if it is intact: its folder, how its run differs from this one (identity
-    `current`), and the step it reached; None if there is none."""
+    `current`), and the progress it reached; None if there is none."""
     adapter = Path(run.OUTPUT_DIR) / "adapter"
     if not (adapter / "run.json").is_file() or damage(adapter, ADAPTER_FILES) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
-    return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]["step"]
+    return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]
 
 
-def finished(run, current: dict, total_steps: int) -> str | None:
-    """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`) with RESUME=auto:
-    None if it has steps left; else "" when OUTPUT_DIR holds its complete adapter, or a note when the data differ
-    from those it was trained on (the run is complete all the same)."""
+def last_step(run, epoch_steps: list[int], progress: dict | None = None) -> int:
+    """The step a train_ddp.py run (`run`: its Config; `epoch_steps`: the optimizer steps each of its EPOCHS holds
+    on the current data) ends at when it continues `progress` (a checkpoint's or an adapter's; None: a fresh
+    start): the steps taken before the epoch it is in, then the current data's for that epoch and the rest. The
+    data may have changed at an epoch boundary (RESUME_ALLOW_CHANGES): the epochs done keep the steps they had.
+    MAX_STEPS caps it."""
+    progress = progress or {"step": 0, "epoch": 0}
+    done = progress["step"] - progress.get("step_in_epoch", 0)
+    planned = done + sum(epoch_steps[progress["epoch"] :])
+    return min(run.MAX_STEPS, planned) if run.MAX_STEPS else planned
+
+
+def finished(run, current: dict, epoch_steps: list[int]) -> str | None:
+    """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; `epoch_steps` as
+    last_step() takes them) with RESUME=auto: None if it has steps left; else "" when OUTPUT_DIR holds its
+    complete adapter, or a note when the data differ from those it was trained on (the run is complete all the
+    same)."""
     if run.RESUME != "auto" or (adapter := final_adapter(run, current)) is None:
         return None
-    _, changes, step = adapter
+    _, changes, progress = adapter
     data = [c for c in changes if c.startswith("data_sha256")]
-    if step < total_steps or len(changes) > len(data):
+    if progress["step"] < last_step(run, epoch_steps, progress) or len(changes) > len(data):
         return None
     return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
 
@@ -277,12 +295,13 @@ def how_to_train_longer(run, total_steps: int, epochs_steps: int) -> str:
     return f"to train longer, {' and '.join(ends)} with RESUME_ALLOW_CHANGES=1"
 
 
-def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
-    """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; asked
-    once finished() says it is not complete) continues: RESUME's path or, with "auto", the newest intact one in
-    OUTPUT_DIR (damaged newer ones are named and skipped); None for a fresh start. One written with other
-    settings (see identity()) is named and refused, unless RESUME_ALLOW_CHANGES allows the differences; so is a fresh
-    start over the final adapter of another run (or of this one, incomplete), unless RESUME='' asks for it."""
+def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | None:
+    """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`;
+    `epoch_steps` as last_step() takes them; asked once finished() says it is not complete) continues: RESUME's
+    path or, with "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named and skipped); None for
+    a fresh start. One written with other settings (see identity()) is named and refused, unless
+    RESUME_ALLOW_CHANGES allows the differences; so is a fresh start over the final adapter of another run (or of
+    this one, incomplete), unless RESUME='' asks for it."""
     resume = run.RESUME
     if not resume:
         return None
@@ -300,9 +319,9 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
                     f"move them away, or start fresh with RESUME=''"
                 )
             if (adapter := final_adapter(run, current)) is not None:
-                folder, changes, step = adapter
-                if step < total_steps:
-                    changes.append(f"steps: adapter {step}, now {total_steps}")
+                folder, changes, progress = adapter
+                if progress["step"] < (total_steps := last_step(run, epoch_steps)):
+                    changes.append(f"steps: adapter {progress['step']}, now {total_steps}")
                 raise InputError(
                     f"{folder} is the final adapter of another run ({'; '.join(changes)}) "
                     f"and {Path(run.OUTPUT_DIR) / 'checkpoints'} holds no checkpoint to continue: train from scratch "
@@ -333,16 +352,12 @@ def checkpoint_to_resume(run, current: dict, total_steps: int) -> Path | None:
             f"{path} was written with other settings ({'; '.join(changes)}): {allow}start fresh with "
             f"RESUME='', or use another OUTPUT_DIR"
         )
-    if (step := saved["progress"]["step"]) > total_steps:  # resumed, it would save at once: no step on this data
-        raise InputError(
-            f"{path} is at step {step}, past this run's last step ({total_steps}; {'; '.join(changes)}): "
-            f"nothing left to train; resume an earlier checkpoint, or start fresh with RESUME=''"
-        )
-    if saved["progress"]["epoch"] >= run.EPOCHS and step < total_steps:  # more steps an epoch: the data changed
-        raise InputError(
-            f"{path} ends the last of EPOCHS={run.EPOCHS} at step {step}, short of this run's {total_steps} steps "
-            f"({'; '.join(changes)}): no epoch left to train them in; more EPOCHS trains on, or start fresh with "
-            f"RESUME=''"
+    step, epoch = saved["progress"]["step"], saved["progress"]["epoch"]
+    if step > (total_steps := last_step(run, epoch_steps, saved["progress"])) or epoch > run.EPOCHS:
+        raise InputError(  # resumed, it would save at once: no step on this data
+            f"{path} is at step {step}, {epoch} epoch(s) done, past this run's end (step {total_steps}, EPOCHS="
+            f"{run.EPOCHS}; {'; '.join(changes)}): nothing left to train; resume an earlier checkpoint, or start fresh "
+            f"with RESUME=''"
         )
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
@@ -374,7 +389,7 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
     def step(folder: Path) -> int:  # -1: not a save of this script's naming, or unreadable: left where it is
         if folder.name == "adapter":
             with contextlib.suppress(OSError, ValueError, KeyError):
-                return json.loads((folder / "run.json").read_text())["progress"]["step"]
+                return progress_of(folder)["step"]
             return -1
         return int(folder.name[5:]) if re.fullmatch(r"step-\d+", folder.name) else -1
 

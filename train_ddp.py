@@ -760,7 +760,6 @@ def main() -> None:
         say(f"packing: counting the token lengths of {len(conversations):,} rows, once (kept in {kept})")
     epochs = [epoch_data(dataset, cfg, e) for e in range(cfg.EPOCHS)]  # with PACKING: each epoch packed once
     epoch_steps = [steps_per_epoch(len(data), world, cfg) for data in epochs]
-    total_steps = min(cfg.MAX_STEPS or math.inf, sum(epoch_steps))
     used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
     say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
     for warning in (
@@ -770,8 +769,10 @@ def main() -> None:
     ):
         if warning:
             say(warning)
-    finished = run_record.finished(cfg, identity, total_steps)
-    resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, total_steps)
+    finished = run_record.finished(cfg, identity, epoch_steps)
+    resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, epoch_steps)
+    continued = Path(cfg.OUTPUT_DIR) / "adapter" if finished is not None else resume  # None: a fresh start
+    total_steps = run_record.last_step(cfg, epoch_steps, continued and run_record.progress_of(continued))
     run_config = {
         "settings": settings.record(cfg, sources, asked, asked_sources),
         "versions": run_record.versions(device),

@@ -106,9 +106,11 @@ def test_a_manifest_that_leaves_out_a_file_the_resume_reads_is_damage(checkpoint
 
 def test_a_checkpoint_past_the_runs_last_step_is_refused(checkpoint):
     run = cpu_config(OUTPUT_DIR=str(checkpoint.parent), RESUME=str(checkpoint), RESUME_ALLOW_CHANGES=True)
-    assert run_record.checkpoint_to_resume(run, {"LR": 2e-4}, 2) == checkpoint  # at the last step: the save remains
-    with pytest.raises(InputError, match=r"is at step 2, past this run's last step \(1; LR: checkpoint 0.0002, now"):
-        run_record.checkpoint_to_resume(run, {"LR": 1e-4}, 1)
+    assert run_record.checkpoint_to_resume(run, {"LR": 2e-4}, [2]) == checkpoint  # at the last step: the save remains
+    with pytest.raises(
+        InputError, match=r"is at step 2, 0 epoch\(s\) done, past this run.s end \(step 1, EPOCHS=\d+; LR: check"
+    ):
+        run_record.checkpoint_to_resume(run, {"LR": 1e-4}, [1])
 
 
 @pytest.mark.parametrize(
@@ -128,9 +130,9 @@ def test_what_orders_the_rows_cannot_change_mid_epoch_and_can_at_an_epoch_end(tm
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(path), RESUME_ALLOW_CHANGES=True, PACKING=packing)
         if refused and mid_epoch:
             with pytest.raises(InputError, match=rf"{list(changed)[0]}: checkpoint .* \(mid-epoch: cannot change\)"):
-                run_record.checkpoint_to_resume(run, {**saved, **changed}, 8)
+                run_record.checkpoint_to_resume(run, {**saved, **changed}, [8])
         else:
-            assert run_record.checkpoint_to_resume(run, {**saved, **changed}, 8) == path
+            assert run_record.checkpoint_to_resume(run, {**saved, **changed}, [8]) == path
 
 
 def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_is_told_how(tmp_path):
@@ -138,7 +140,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
 
     def resume(world, micro_batch, accum):
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), MICRO_BATCH=micro_batch, ACCUM_STEPS=accum)
-        return run_record.checkpoint_to_resume(run, {"global_batch": world * micro_batch * accum, "LR": 2e-4}, 6)
+        return run_record.checkpoint_to_resume(run, {"global_batch": world * micro_batch * accum, "LR": 2e-4}, [6])
 
     assert resume(1, 2, 8) == saved == resume(4, 4, 1)
     refused = {
@@ -158,7 +160,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), RESUME_ALLOW_CHANGES=allow_changes)
         run = dataclasses.replace(run, MICRO_BATCH=2, ACCUM_STEPS=4)
         with pytest.raises(InputError) as e:
-            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, **now}, 6)
+            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, **now}, [6])
         return str(e.value)
 
     other_lr = "= 16 (now 2 x 4), with RESUME_ALLOW_CHANGES=1 for the other changes, resumes it; or start fresh"
@@ -196,14 +198,29 @@ def test_a_complete_run_is_told_the_setting_that_trains_it_longer(tmp_path):
     )
 
 
-def test_a_checkpoint_at_the_end_of_its_last_epoch_is_refused_when_the_data_asks_for_more_steps(tmp_path):
-    last = saved_run(tmp_path / "step-00000004", {"data_sha256": "a"}, 4, epoch=1, step_in_epoch=0)
+def test_data_changed_at_an_epoch_boundary_keeps_the_steps_of_the_epochs_done(tmp_path):
+    """RESUME_ALLOW_CHANGES=1 and other data after an epoch: the run's length was counted as if every epoch ran on
+    the new data, so smaller data trained nothing more (the old weights saved as the result) and larger data ran
+    past the last epoch (IndexError)."""
+    last = saved_run(tmp_path / "checkpoints" / "step-00000004", {"data_sha256": "a"}, 4, epoch=1, step_in_epoch=0)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(last), RESUME_ALLOW_CHANGES=True, EPOCHS=1)
-    assert run_record.checkpoint_to_resume(run, {"data_sha256": "a"}, 4) == last  # complete: the adapter is saved
-    with pytest.raises(InputError, match=r"step-00000004 ends the last of EPOCHS=1 at step 4, short of this run's 6"):
-        run_record.checkpoint_to_resume(run, {"data_sha256": "b"}, 6)
+    progress = run_record.progress_of(last)
+    assert run_record.checkpoint_to_resume(run, {"data_sha256": "b"}, [6]) == last
+    assert run_record.last_step(run, [6], progress) == 4  # EPOCHS=1 is done: the adapter is saved
     more = dataclasses.replace(run, EPOCHS=2)
-    assert run_record.checkpoint_to_resume(more, {"data_sha256": "b"}, 10) == last  # another epoch: trained on
+    for new in ([2, 2], [9, 9]):  # smaller data, larger data: the second epoch is the new data's
+        assert run_record.checkpoint_to_resume(more, {"data_sha256": "b"}, new) == last
+        assert run_record.last_step(more, new, progress) == 4 + new[1]
+    assert run_record.last_step(dataclasses.replace(more, MAX_STEPS=7), [9, 9], progress) == 7
+    saved_run(tmp_path / "adapter", {"data_sha256": "a"}, 4, trainer_state=False, epoch=1, step_in_epoch=0)
+    auto = dataclasses.replace(run, RESUME="auto")
+    assert run_record.finished(auto, {"data_sha256": "b"}, [6]) is not None  # complete: its one epoch is done
+    assert run_record.finished(dataclasses.replace(auto, EPOCHS=2), {"data_sha256": "b"}, [2, 2]) is None
+    past = saved_run(tmp_path / "step-00000008", {"data_sha256": "a"}, 8, epoch=2, step_in_epoch=0)
+    with pytest.raises(
+        InputError, match=r"step-00000008 is at step 8, 2 epoch\(s\) done, past this run's end \(step 8"
+    ):
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(past)), {"data_sha256": "a"}, [4])
 
 
 def test_saves_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
@@ -318,13 +335,13 @@ def test_resume_picks_the_newest_intact_checkpoint(tmp_path, capsys):
         saved_run(ckpts / name, identity, 2)
     (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
-    assert run_record.checkpoint_to_resume(run, identity, 4) == ckpts / "step-00000004"
+    assert run_record.checkpoint_to_resume(run, identity, [4]) == ckpts / "step-00000004"
     assert (
         f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
     )
-    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity, 4) is None
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity, [4]) is None
     with pytest.raises(InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
-        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity, 4)
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity, [4])
 
 
 def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
@@ -333,14 +350,16 @@ def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
     saved_run(tmp_path / "checkpoints" / "step-00000002", identity, 2)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(adapter))
     with pytest.raises(InputError) as refused:
-        run_record.checkpoint_to_resume(run, identity, 2)
+        run_record.checkpoint_to_resume(run, identity, [2])
     assert str(refused.value) == (
         f"RESUME={str(adapter)!r} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer "
         f"state, no progress), so training cannot continue from it; RESUME takes a checkpoint folder "
         f"(OUTPUT_DIR/checkpoints/step-N), 'auto' (the newest in OUTPUT_DIR) or '' (a fresh start)"
     )
     checkpoint = tmp_path / "checkpoints" / "step-00000002"  # beside it, the same run's checkpoint resumes
-    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity, 2) == checkpoint
+    assert (
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity, [2]) == checkpoint
+    )
 
 
 TAKES = r"RESUME takes a checkpoint folder \(OUTPUT_DIR/checkpoints/step-N\), 'auto' \(the newest in OUTPUT_DIR\) or ''"
@@ -373,7 +392,7 @@ def test_a_resume_path_that_is_no_checkpoint_folder_says_what_it_is_and_what_res
     (tmp_path / "notes.txt").write_text("a file")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match=expected):
-        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4}, 2)
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=resume), {"LR": 2e-4}, [2])
 
 
 THIS_RUN = {"LR": 1e-4, "global_batch": 16, "data_sha256": "a"}
@@ -401,7 +420,7 @@ def test_an_adapter_of_another_run_with_no_checkpoint_to_continue_is_not_trained
 ):
     out = output_dir_after_a_run(tmp_path, saved, step)
     with pytest.raises(InputError) as refused:
-        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, total_steps=6)
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, [6])
     assert str(refused.value) == (
         f"{out / 'adapter'} is the final adapter of another run ({listed}) and {out / 'checkpoints'} holds no "
         f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "
@@ -429,7 +448,7 @@ def test_an_adapter_is_left_to_the_run_when_complete_or_a_checkpoint_or_a_fresh_
 ):
     out = output_dir_after_a_run(tmp_path, saved, 6, with_checkpoint)
     run = cpu_config(OUTPUT_DIR=str(out), RESUME=resume, DATA_PATH="now.jsonl")
-    assert run_record.finished(run, THIS_RUN, total_steps=6) == answer
+    assert run_record.finished(run, THIS_RUN, [6]) == answer
 
 
 def test_only_the_checkpoints_the_job_wrote_are_resumed_or_pruned(tmp_path):
