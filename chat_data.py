@@ -464,7 +464,11 @@ def chat_tokenizer(model_id: str):
     pre-trained checkpoint's tokenizer) no row can be rendered: said here, before any row is read."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_id)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_id)
+    except (OSError, ValueError) as e:  # a tokenizer file missing or damaged
+        why = next(iter(str(e).strip().splitlines()), type(e).__name__)
+        raise InputError(f"MODEL_ID {model_id!r}: cannot load its tokenizer: {why}") from e
     if not tokenizer.chat_template:
         raise InputError(
             f"MODEL_ID {model_id!r}: its tokenizer has no chat template to render the conversations with (a base "
@@ -602,12 +606,17 @@ class ChatDataset(Dataset):
         return lengths
 
 
+def tokenizer_sha256(tokenizer) -> str:
+    """What tells tokenizers apart for training: their vocabulary and rules, and their chat template."""
+    return hashlib.sha256(f"{tokenizer.backend_tokenizer.to_str()}\0{tokenizer.chat_template}".encode()).hexdigest()
+
+
 def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> Path:
-    """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer (its
-    vocabulary and chat template), MAX_LEN, and the code that makes a row's text (lengths an older version
-    counted would overfill packed rows)."""
+    """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer
+    (tokenizer_sha256), MAX_LEN, and the code that makes a row's text (lengths an older version counted would
+    overfill packed rows)."""
     code = inspect.getsource(training_text) + inspect.getsource(template_messages)
-    parts = [data_sha256, tokenizer.backend_tokenizer.to_str(), str(tokenizer.chat_template), str(max_len), code]
+    parts = [data_sha256, tokenizer_sha256(tokenizer), str(max_len), code]
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 

@@ -34,8 +34,6 @@ from logs import say
 
 # Constants whose change makes a resumed run train differently from the run that wrote the checkpoint.
 TRAINING = (
-    "MODEL_ID",
-    "MODEL_CONFIG",
     "MAX_LEN",
     "ASSISTANT_ONLY_LOSS",
     "EPOCHS",
@@ -56,9 +54,8 @@ TRAINING = (
 # what its position in the data means. That position is a count of global batches: step s trains samples
 # [s*G, (s+1)*G) of the epoch's order whatever the world size, so another GPU count with the same G resumes.
 STRUCTURAL = (
-    "MODEL_ID",
-    "MODEL_CONFIG",
     "model_config_sha256",
+    "model_weights_sha256",
     "LORA_R",
     "LORA_TARGETS",
     "global_batch",
@@ -77,22 +74,57 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def identity(run, world_size: int, model_config: dict | None = None) -> dict:
+def identity(run, world_size: int, model_config: dict | None = None, tokenizer_sha256: str = "") -> dict:
     """The values a resumed train_ddp.py run (settings `run`) must share with the checkpoint's run. The data is
     identified by its content (a copy elsewhere is the same data; a changed file at the same path is not), the
-    model by its name and its configuration (read from MODEL_CONFIG or MODEL_ID unless given; transformers'
-    version field left out)."""
+    model by its configuration (read from MODEL_CONFIG or MODEL_ID unless given; its path and transformers'
+    version left out: the same model moved, or named by another path, is the same model) and the tokenizer by
+    `tokenizer_sha256` (chat_data.tokenizer_sha256). The weights join once loaded (weights_sha256)."""
     if model_config is None:
         from transformers import AutoConfig
 
         model_config = AutoConfig.from_pretrained(run.MODEL_CONFIG or run.MODEL_ID).to_dict()
-    config = {k: v for k, v in model_config.items() if k != "transformers_version"}
+    config = {k: v for k, v in model_config.items() if k not in ("transformers_version", "_name_or_path")}
     return {
         **{name: getattr(run, name) for name in TRAINING},
         "global_batch": world_size * run.MICRO_BATCH * run.ACCUM_STEPS,  # samples (packed: rows) per update
         "data_sha256": sha256_file(Path(run.DATA_PATH)),
         "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+        "tokenizer_sha256": tokenizer_sha256,
     }
+
+
+def weights_sha256(model_id: str) -> str:
+    """A fingerprint of MODEL_ID's weight files, taken once the model is loaded (a hub model's files are in its
+    cache by then): each file's name, size and 16 blocks of 64 KiB spread over it, the first holding the
+    safetensors header (tensor names, shapes, offsets). About 1 MiB read per file of gigabytes; other weights
+    under the same name (another revision, a re-export, a fine-tune) change it."""
+    from transformers.utils import cached_file
+
+    folder = Path(cached_file(model_id, "config.json")).parent  # a local folder, or the hub snapshot's
+    h = hashlib.sha256()
+    for path in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        size = path.stat().st_size
+        h.update(f"{path.name}\0{size}\0".encode())
+        with open(path, "rb") as f:
+            for k in range(16):
+                f.seek(k * size // 16)
+                h.update(f.read(1 << 16))
+    return h.hexdigest()
+
+
+def check_same_weights(checkpoint: Path, current: dict) -> None:
+    """Refuse to continue `checkpoint` on other base weights than its run's (identity `current`, with
+    model_weights_sha256): its adapter is a correction to the weights it was trained on. One saved before the
+    weights were recorded is not checked."""
+    saved = json.loads((checkpoint / "run.json").read_text())["identity"].get("model_weights_sha256")
+    now = current["model_weights_sha256"]
+    if saved is not None and saved != now:
+        raise InputError(
+            f"{checkpoint} was trained on other base weights than MODEL_ID's now (model_weights_sha256: checkpoint "
+            f"{saved[:16]}, now {now and now[:16]}): its adapter fits the weights it was trained on; resume on those, "
+            f"or start fresh with RESUME=''"
+        )
 
 
 def versions(device: torch.device) -> dict:
@@ -107,7 +139,10 @@ def versions(device: torch.device) -> dict:
 
 
 def comparable(saved: dict) -> dict:
-    """A saved identity as identity() writes it now: one saved before global_batch has its two factors instead."""
+    """A saved identity as identity() writes it now: one saved before global_batch has its two factors instead;
+    one saved with MODEL_ID's path (before session 21) hashed the config with that path, so neither compares."""
+    if "MODEL_ID" in saved:
+        saved = {k: v for k, v in saved.items() if k not in ("MODEL_ID", "MODEL_CONFIG", "model_config_sha256")}
     if "world_size" not in saved:
         return saved
     old = ("world_size", "samples_per_rank_step")
@@ -118,9 +153,10 @@ def comparable(saved: dict) -> dict:
 
 
 def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:
-    """'NAME: checkpoint X, now Y' (or 'adapter X') for every identity value that differs (structural ones first)."""
+    """'NAME: checkpoint X, now Y' (or 'adapter X') for every identity value that differs (structural ones first).
+    A value the saved identity lacks (recorded only since it was written) is not compared."""
     saved = comparable(saved)
-    keys = sorted(set(saved) | set(current), key=lambda k: (k not in STRUCTURAL, k))
+    keys = sorted(set(saved) & set(current), key=lambda k: (k not in STRUCTURAL, k))
     return [f"{k}: {saved_in} {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
@@ -155,6 +191,14 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
         if sha256_file(path) != expected["sha256"]:
             return f"{name} does not match its checksum (corrupted)"
     return None
+
+
+def save_run_config(output_dir: str, run_config: dict) -> None:
+    """OUTPUT_DIR/config.json: the run's effective settings, identity and versions (train_ddp.main's run_config)."""
+    try:
+        (Path(output_dir) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
+    except OSError as e:  # e.g. a disk that filled since settings.check_writable
+        raise InputError(f"OUTPUT_DIR {output_dir!r}: cannot write config.json: {e.strerror}") from e
 
 
 def progress_of(folder: Path) -> dict:
@@ -335,7 +379,8 @@ def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | N
     saved = json.loads((path / "run.json").read_text())
     changes = differences(saved["identity"], current)
     if saved["progress"].get("step_in_epoch"):  # mid-epoch: the rows left are the rest of the checkpoint's order
-        order = ("SEED", "data_sha256", "GROUP_BY_LENGTH", *(("MAX_LEN",) if run.PACKING else ()))  # rows' order
+        packed = ("MAX_LEN", "tokenizer_sha256") if run.PACKING else ()  # what packs the rows
+        order = ("SEED", "data_sha256", "GROUP_BY_LENGTH", *packed)  # the rows' order
         changes = [f"{c} (mid-epoch: cannot change)" if c.split(":")[0] in order else c for c in changes]
     batch = next((c for c in changes if c.startswith("global_batch:")), None)  # another GPU count, say
     fixed = [c for c in changes if c != batch and (c.split(":")[0] in STRUCTURAL or c.endswith("cannot change)"))]

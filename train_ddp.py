@@ -14,7 +14,6 @@ chat_data.py and collate.py (the data), lm_loss.py (the loss DDP wraps), logs.py
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -48,6 +48,7 @@ from chat_data import (
     inline_reasoning,
     lengths_file,
     load_conversations,
+    tokenizer_sha256,
 )
 from collate import IGNORE_INDEX, PadCollate, StepOrder
 from guards import InputError
@@ -311,9 +312,13 @@ def load_model(cfg: Config, device: torch.device):
                 AutoConfig.from_pretrained(cfg.MODEL_CONFIG), dtype=dtype, attn_implementation=implementation
             )
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.MODEL_ID, dtype=dtype, device_map={"": device}, attn_implementation=implementation
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.MODEL_ID, dtype=dtype, device_map={"": device}, attn_implementation=implementation
+            )
+        except (OSError, ValueError, SafetensorError) as e:  # a file missing, truncated or unreadable
+            why = next(iter(str(e).strip().splitlines()), type(e).__name__)
+            raise InputError(f"MODEL_ID {cfg.MODEL_ID!r}: cannot load the model: {why}") from e
     # text rows never run the vision and audio embedders: their weights leave the GPU (the budget's rule)
     for name in [n for n, _ in model.model.named_children() if memory_budget.is_left_out(n)]:
         setattr(model.model, name, None)
@@ -750,7 +755,7 @@ def main() -> None:
     tokenizer, conversations, eval_conversations = read_conversations(cfg)
     if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
         steps_per_epoch(len(conversations), world, cfg)
-    identity = run_record.identity(cfg, world)
+    identity = run_record.identity(cfg, world, tokenizer_sha256=tokenizer_sha256(tokenizer))
     kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
     dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept)  # lengths kept
     eval_set = (
@@ -780,12 +785,8 @@ def main() -> None:
         "world_size": world,
         "resumed_from": resume and str(resume),
     }
-    if rank == 0:  # the run's effective settings, printed once and saved with the run (and in every checkpoint)
+    if rank == 0:  # the run's effective settings, printed once (saved with the run below, and in every checkpoint)
         say(settings.show(run_config["settings"]))
-        try:
-            (Path(cfg.OUTPUT_DIR) / "config.json").write_text(json.dumps(run_config, indent=1, default=str))
-        except OSError as e:  # e.g. a disk that filled since check_writable
-            raise InputError(f"OUTPUT_DIR {cfg.OUTPUT_DIR!r}: cannot write config.json: {e.strerror}") from e
 
     # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
     #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
@@ -794,6 +795,12 @@ def main() -> None:
     torch.manual_seed(cfg.SEED)
     peft_model = add_lora(load_model(cfg, device), cfg)
     torch.manual_seed(cfg.SEED + rank)
+    # the base weights join the run's identity once loaded (a hub model's files are only now in its cache)
+    identity["model_weights_sha256"] = None if cfg.MODEL_CONFIG else run_record.weights_sha256(cfg.MODEL_ID)
+    if resume is not None:
+        run_record.check_same_weights(resume, identity)
+    if rank == 0:
+        run_record.save_run_config(cfg.OUTPUT_DIR, run_config)
 
     # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
     init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)

@@ -27,13 +27,14 @@ from conftest import (
     RANKS,
     ROOT,
     SAMPLE_DATA,
+    TINY_MODEL,
     cpu_config,
     free_port,
     kill_tree,
     launch_env,
     torchrun,
 )
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import chat_data
 import run_record
@@ -689,13 +690,23 @@ def test_a_resume_with_the_optimizer_state_on_the_host_continues_the_reference_b
     assert_bitwise_equal(adapter(out), adapter(reference))
 
 
-def test_resume_with_allowed_changes_or_a_copy_of_the_data_continues(tmp_path, data, reference):
+def test_resume_with_allowed_changes_or_a_copy_of_the_data_or_model_continues(tmp_path, data, reference):
+    """The data and the model are known by their content: a copy elsewhere resumes (the model's path was compared,
+    so a moved checkout could not resume), other weights in the same place do not (they resumed silently)."""
     out = tmp_path / "out"
     copy_checkpoints(reference, out)
     shutil.rmtree(out / "checkpoints" / "step-00000006")  # resume at step 4: steps 5 and 6 train again
-    copy = tmp_path / "same-rows-elsewhere.jsonl"
+    copy, model, other = tmp_path / "same-rows-elsewhere.jsonl", tmp_path / "model-copy", tmp_path / "other-weights"
     shutil.copy(data["DATA_PATH"], copy)
-    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, DATA_PATH=str(copy)))
+    for folder in (model, other):
+        shutil.copytree(TINY_MODEL, folder)
+    weights = load_file(str(other / "model.safetensors"))
+    save_file({name: w + 0.01 for name, w in weights.items()}, str(other / "model.safetensors"), {"format": "pt"})
+    refused = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, MODEL_ID=str(other)))
+    lines = [line for _, line in refused.errors()]
+    assert refused.returncode != 0 and lines and len(set(lines)) == 1, refused.output[-3000:]
+    assert "step-00000004 was trained on other base weights than MODEL_ID's now" in lines[0], lines[0]
+    run = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, DATA_PATH=str(copy), MODEL_ID=str(model)))
     assert run.returncode == 0 and resumed_step(run.output) == 4, run.output[-3000:]
     assert_bitwise_equal(adapter(out), adapter(reference))  # the same data is the same data, wherever it lies
 

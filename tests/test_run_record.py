@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import pytest
 from conftest import cpu_config
+from safetensors.torch import load_file, save_file
 
 import run_record
 from guards import InputError
@@ -41,6 +43,31 @@ def test_identity_names_data_by_content_not_path(tmp_path):
         cpu_config(DATA_PATH=str(a)), 2, {"hidden_size": 8, "transformers_version": "6"}
     )
     assert other_version == ident[a] and ident[a]["global_batch"] == 2 * 1 * 8  # ranks x MICRO_BATCH x ACCUM_STEPS
+    elsewhere = run_record.identity(  # the same model under another path (a moved checkout), as config.json says
+        cpu_config(DATA_PATH=str(a), MODEL_ID="./moved/model"), 2, {"hidden_size": 8, "_name_or_path": "./moved/model"}
+    )
+    assert elsewhere == ident[a]
+    # saved before session 21: MODEL_ID's path compared, the config hashed with it; the tokenizer not recorded
+    older = {**{k: v for k, v in ident[a].items() if k != "tokenizer_sha256"}, "MODEL_ID": "m", "MODEL_CONFIG": ""}
+    assert run_record.differences({**older, "model_config_sha256": "with the path"}, ident[a]) == []
+
+
+def test_the_weights_are_known_by_their_content_wherever_they_lie(tmp_path, tiny_model_path):
+    """A copy of the model folder has the same weights; other weights under the same folder do not, and refuse a
+    checkpoint trained on the first (its adapter is a correction to those weights)."""
+    copy, other = tmp_path / "copy", tmp_path / "other"
+    for folder in (copy, other):
+        shutil.copytree(tiny_model_path, folder)
+    weights = load_file(str(other / "model.safetensors"))
+    save_file({name: w * 1.5 for name, w in weights.items()}, str(other / "model.safetensors"), {"format": "pt"})
+    fingerprint = run_record.weights_sha256(str(tiny_model_path))
+    assert run_record.weights_sha256(str(copy)) == fingerprint != run_record.weights_sha256(str(other))
+    checkpoint = saved_run(tmp_path / "step-00000002", {"model_weights_sha256": fingerprint}, 2)
+    run_record.check_same_weights(checkpoint, {"model_weights_sha256": fingerprint})
+    with pytest.raises(InputError, match=r"step-00000002 was trained on other base weights than MODEL_ID's now"):
+        run_record.check_same_weights(checkpoint, {"model_weights_sha256": run_record.weights_sha256(str(other))})
+    older = saved_run(tmp_path / "step-00000001", {}, 1)  # saved before the weights were recorded: not checked
+    run_record.check_same_weights(older, {"model_weights_sha256": fingerprint})
 
 
 def saved_run(folder, identity, step, trainer_state=True, epoch=0, step_in_epoch=None):
@@ -136,11 +163,12 @@ def test_what_orders_the_rows_cannot_change_mid_epoch_and_can_at_an_epoch_end(tm
 
 
 def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_is_told_how(tmp_path):
-    saved = saved_run(tmp_path / "step-00000002", {"global_batch": 16, "LR": 2e-4}, 2)  # e.g. 2 ranks x 2 x 4
+    saved = saved_run(tmp_path / "step-00000002", {"global_batch": 16, "LR": 2e-4, "LORA_R": 16}, 2)  # 2 x 2 x 4
 
     def resume(world, micro_batch, accum):
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), MICRO_BATCH=micro_batch, ACCUM_STEPS=accum)
-        return run_record.checkpoint_to_resume(run, {"global_batch": world * micro_batch * accum, "LR": 2e-4}, [6])
+        now = {"global_batch": world * micro_batch * accum, "LR": 2e-4, "LORA_R": 16}
+        return run_record.checkpoint_to_resume(run, now, [6])
 
     assert resume(1, 2, 8) == saved == resume(4, 4, 1)
     refused = {
@@ -160,7 +188,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), RESUME_ALLOW_CHANGES=allow_changes)
         run = dataclasses.replace(run, MICRO_BATCH=2, ACCUM_STEPS=4)
         with pytest.raises(InputError) as e:
-            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, **now}, [6])
+            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, "LORA_R": 16, **now}, [6])
         return str(e.value)
 
     other_lr = "= 16 (now 2 x 4), with RESUME_ALLOW_CHANGES=1 for the other changes, resumes it; or start fresh"
@@ -168,7 +196,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
     assert "= 16 (now 2 x 4) resumes it; or" in refusal(True, LR=1e-4)  # the LR change allowed already
     lora_r = refusal(True, LORA_R=8)  # never continues: no advice but a fresh start
     assert lora_r.endswith(
-        "(LORA_R: checkpoint None, now 8; global_batch: checkpoint 16, now 8): start fresh with RESUME='', or use "
+        "(LORA_R: checkpoint 16, now 8; global_batch: checkpoint 16, now 8): start fresh with RESUME='', or use "
         "another OUTPUT_DIR"
     ), lora_r
     # an identity saved before global_batch is compared by the two factors it held

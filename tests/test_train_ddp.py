@@ -3,10 +3,12 @@
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -430,6 +432,16 @@ BAD_INPUTS = {
         {"MODEL_ID": "models/missing-gemma", "HF_HUB_OFFLINE": "0", "HF_HOME": "/nonexistent-hf-home"},
         r"MODEL_ID 'models/missing-gemma': no such folder here, and (no such model on the hub|the hub did not answer)",
     ),
+    "weights-truncated": (
+        lambda d: damaged_model(d, "model.safetensors") and SAMPLE_DATA,
+        {"MODEL_ID": "__TMP__/damaged"},
+        r"MODEL_ID '\S+/damaged': cannot load the model: .*(incomplete|invalid|header|error)",
+    ),
+    "tokenizer-missing": (
+        lambda d: damaged_model(d, "tokenizer.json") and SAMPLE_DATA,
+        {"MODEL_ID": "__TMP__/damaged"},
+        r"MODEL_ID '\S+/damaged': cannot load its tokenizer: ",
+    ),
     "json-array": (
         lambda d: (d / "x.json").write_text(json.dumps([json.loads(r) for r in sample_rows(4)])) and d / "x.json",
         {},
@@ -456,6 +468,18 @@ BAD_INPUTS = {
         r"LR='abc': expected a number; MICRO_BATCH=0: allowed >= 1; LORA_DROPOUT=1.5: allowed in \[0, 1\)",
     ),
 }
+
+
+def damaged_model(folder: Path, name: str) -> Path:
+    """A copy of the tiny model in folder/damaged whose file `name` is cut short (the weights: a download that
+    stopped) or missing (anything else)."""
+    model = folder / "damaged"
+    shutil.copytree(TINY_MODEL, model)
+    if name == "model.safetensors":
+        os.truncate(model / name, 100_000)
+    else:
+        (model / name).unlink()
+    return model
 
 
 def ranks_started_by_hand(envs: list[dict], timeout: float, waiting: str) -> list[str]:
