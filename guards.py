@@ -27,6 +27,7 @@ from its rank alone:
 
 import contextlib
 import ctypes
+import errno
 import functools
 import hashlib
 import json
@@ -66,8 +67,9 @@ class JobStopped(RuntimeError):
 
 
 def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) -> str | None:
-    """The one line for an expected failure: a guard's stop, a GPU out of memory, or a failure to use
-    `output_dir` (a save, the metrics, a trace); else None (a bug or a broken peer: the traceback helps)."""
+    """The one line for an expected failure: a guard's stop, a GPU out of memory, a failure to use `output_dir`
+    (a save, the metrics, a trace), a full disk, a data worker killed (host memory); else None (a bug or a
+    broken peer: the traceback helps)."""
     if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
     if isinstance(e, torch.OutOfMemoryError):
@@ -75,6 +77,15 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
     out = Path(output_dir).resolve()
     if isinstance(e, OSError) and e.filename and out in Path(os.fsdecode(e.filename)).resolve().parents:
         return f"OUTPUT_DIR {out} cannot be read or written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # unnamed (TensorBoard's writer): most likely OUTPUT_DIR
+        return f"no space left on a device (df -h {out} shows OUTPUT_DIR's): {e}"
+    if isinstance(e, RuntimeError) and (
+        killed := re.search(r"DataLoader worker \(pid \d+\) is killed by signal: Killed", str(e))
+    ):
+        return (
+            f"a data loader worker was killed ({killed[0]}; SIGKILL, most often the kernel's out-of-memory "
+            f"killer): lower NUM_WORKERS, or give the job more host memory"
+        )
     return None
 
 
@@ -459,6 +470,8 @@ def failures_reported(watchdog: HangWatchdog, lock, output_dir: str, memory_targ
         # beating on while reporting: a peer that fails at the same moment (both waited in collectives that
         # do not match) must not read this rank as gone
         watchdog.reporting.set()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # DataLoader's handler raises again as more workers end
+
         line = one_line(e, output_dir, memory_target_gib)  # expected, not a bug: one line says it all
         to_stderr(failure_report(e, watchdog, line))
         # torchrun's summary, after the report: a peer that died first stays the cause

@@ -231,6 +231,8 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
             free = None
         full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
         cause = "no space left on the device" if full else str(e).splitlines()[0]
+        if full and final.name.startswith("step-"):  # the next save would fail the same way
+            cause += " (older checkpoints are pruned once a new one is whole: KEEP_CHECKPOINTS of them stay meanwhile)"
         space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
         kept = sorted(final.parent.glob(final.name.split("-")[0] + "*"))  # step-* or adapter: what survives
         raise OutputDirError(
@@ -406,7 +408,7 @@ def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | N
         )
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
-    return path
+    return path.absolute()  # as every line names it (a relative OUTPUT_DIR is relative to where the job ran)
 
 
 def global_batch_advice(saved: int, now: int, run, others: bool) -> str:
@@ -515,7 +517,7 @@ class OutputLock:
         """Take the lock (returns it), or raise InputError naming the job that holds it."""
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                self._create()
             except FileExistsError:
                 holder = self.holder()
                 if holder is not None and not self.is_stale(holder):
@@ -532,14 +534,28 @@ class OutputLock:
                 except FileNotFoundError:
                     pass
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.me, f)
             atexit.register(self.release)
             threading.Thread(target=self._refresh, daemon=True, name="output-lock").start()
             if cleared := remove_interrupted_saves(self.path.parent):
                 say(f"saves a killed job left half-written: {'; '.join(cleared)}")
             return self
         raise InputError(f"could not take {self.path}: another job keeps taking it")
+
+    def _create(self) -> None:
+        """The lock file, whole or not at all (FileExistsError if there is one): written aside, then hard-linked
+        into place, so a second job never reads it half-written (and took it for a dead job's). Where the file
+        system has no hard links, created empty with O_EXCL, then written."""
+        aside = self.path.with_name(f".lock.{os.getpid()}.new")
+        aside.write_text(json.dumps(self.me))
+        try:
+            os.link(aside, self.path)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links here
+            with os.fdopen(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
+                json.dump(self.me, f)
+        finally:
+            aside.unlink(missing_ok=True)
 
     def holder(self) -> dict | None:
         try:

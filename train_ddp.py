@@ -271,6 +271,14 @@ def init_distributed(device: torch.device, output_dir: str, timeout_s: float) ->
             f"the process group of {world} ranks at {where} did not form: {str(e).splitlines()[0]} (every rank "
             f"started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
         ) from None
+    except RuntimeError as e:
+        if "connectFullMesh" not in str(e):
+            raise
+        again = " (a torchrun restart: on gloo it often fails so; running the command again resumes)"
+        raise InputError(  # seen after torchrun --max-restarts restarted a group on gloo, in plain torch too
+            f"the process group of {world} ranks at {where} did not form: gloo could not connect the ranks "
+            f"({str(e).splitlines()[0][:160]}){again if int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)) else ''}"
+        ) from None
 
 
 NCCL_BACKSTOP_S = 60
@@ -651,7 +659,7 @@ def adapter_bytes(model: DDP) -> int:
 def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, output_dir: str, keep: int) -> Path:
     """Adapter + optimizer state and progress, as output_dir/checkpoints/step-N; all but the `keep` newest
     pruned. (No scheduler state: the schedule is a function of the settings and the step, re-derived.)"""
-    final = Path(output_dir) / "checkpoints" / f"step-{progress['step']:08d}"
+    final = Path(output_dir).absolute() / "checkpoints" / f"step-{progress['step']:08d}"  # said as the user can find it
     if dist.get_rank() == 0:
 
         def write(folder: Path) -> None:
@@ -672,7 +680,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
 def save_adapter(model: DDP, run_config: dict, progress: dict, output_dir: str) -> Path:
     """The final adapter as output_dir/adapter, loadable with PeftModel.from_pretrained, with the run's record
     (run.json: settings, identity, progress): what a rerun reads to know the run is complete."""
-    final = Path(output_dir) / "adapter"
+    final = Path(output_dir).absolute() / "adapter"
     if dist.get_rank() == 0:
 
         def write(folder: Path) -> None:
@@ -689,7 +697,7 @@ def check_same_checkpoint(path: Path | None) -> Path | None:
     folders, stale caches of shared storage), ranks would resume from different steps and desynchronise:
     stop all of them with the same error instead."""
     chosen = [None] * dist.get_world_size()
-    dist.all_gather_object(chosen, str(path) if path else None)
+    dist.all_gather_object(chosen, path and path.name)  # (its folder is OUTPUT_DIR, from each node's working dir)
     if len(set(chosen)) > 1:
         raise guards.JobStopped(
             f"ranks disagree on the checkpoint to resume from (by rank: {chosen}); "

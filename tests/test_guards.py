@@ -1,6 +1,7 @@
 """guards.py: a DataLoader worker ignores the SIGTERM that torchrun or a cluster sends to the whole process
 group, ends when its own rank stops it, and dies with its rank."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -134,6 +135,20 @@ def test_a_hangup_stops_at_the_end_of_the_step_unless_the_job_ignores_it(nohup):
     rank.send_signal(signal.SIGINT)
     assert rank.wait(10) == 128 + signal.SIGINT
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
+
+
+def test_a_full_disk_without_a_file_name_and_a_killed_data_worker_are_one_line(tmp_path):
+    """TensorBoard's writer reports a full disk without a file name, and the kernel's out-of-memory killer ends a
+    DataLoader worker: each was a page of traceback with no cause named."""
+    full = guards.one_line(OSError(errno.ENOSPC, "No space left on device"), str(tmp_path))
+    df = f"df -h {tmp_path.resolve()} shows OUTPUT_DIR's"
+    assert full == f"no space left on a device ({df}): [Errno 28] No space left on device"
+    killed = guards.one_line(RuntimeError("DataLoader worker (pid 18690) is killed by signal: Killed. "), "out")
+    assert killed == (
+        "a data loader worker was killed (DataLoader worker (pid 18690) is killed by signal: Killed; SIGKILL, most "
+        "often the kernel's out-of-memory killer): lower NUM_WORKERS, or give the job more host memory"
+    )
+    assert guards.one_line(RuntimeError("DataLoader worker (pid 7) exited unexpectedly"), "out") is None  # a bug
 
 
 def test_an_out_of_memory_message_in_other_words_is_quoted_and_still_answered():

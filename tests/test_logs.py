@@ -99,7 +99,9 @@ def test_a_line_reaches_stdout_in_one_write_with_its_newline(monkeypatch):
     assert writes == ["step 6 | loss nan\n"]
 
 
-def test_the_last_lines_name_only_files_that_exist_and_load_the_adapter_on_the_weights_it_trained_on(tmp_path):
+def test_the_last_lines_name_only_files_that_exist_and_load_the_adapter_on_the_weights_it_trained_on(
+    tmp_path, monkeypatch
+):
     adapter = tmp_path / "adapter"
     model = "google/gemma-4-12B-it"
     lines = logs.where_everything_is(str(tmp_path), adapter, model, "").splitlines()
@@ -110,6 +112,8 @@ def test_the_last_lines_name_only_files_that_exist_and_load_the_adapter_on_the_w
     lines = logs.where_everything_is(str(tmp_path), adapter, model, "configs/12b.json").splitlines()
     assert f"checkpoints: {tmp_path / 'checkpoints'}" in lines[0]
     assert lines[1].startswith("trained on random weights built from MODEL_CONFIG='configs/12b.json'")
+    monkeypatch.chdir(tmp_path)  # a relative OUTPUT_DIR is named as found from anywhere
+    assert f"metrics: {tmp_path / 'run' / 'metrics.jsonl'} " in logs.where_everything_is("run", adapter, model, "")
 
 
 def test_packed_steps_log_their_fill(tmp_path):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -303,6 +304,34 @@ def test_a_lock_whose_pid_now_names_another_process_is_taken_over(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+def take_the_lock_at_once(folder, barrier, held) -> None:
+    barrier.wait()
+    try:
+        lock = run_record.OutputLock(str(folder)).acquire()
+    except InputError:
+        return
+    held.put(os.getpid())
+    time.sleep(0.2)  # hold it while the other tries
+    lock.release()
+
+
+def test_two_jobs_taking_the_lock_at_the_same_moment_never_both_hold_it(tmp_path):
+    """The lock was created empty, then written: a job that read it in between took it for a dead job's, deleted
+    it and took its own (both held it in 9 of 10 rounds started together)."""
+    fork = multiprocessing.get_context("fork")
+    for attempt in range(10):
+        barrier, held = fork.Barrier(2), fork.Queue()
+        jobs = [fork.Process(target=take_the_lock_at_once, args=(tmp_path / str(attempt), barrier, held)) for _ in "ab"]
+        (tmp_path / str(attempt)).mkdir()
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(30)
+        holders = [held.get(timeout=5) for _ in range(held.qsize())]
+        assert len(holders) == 1, f"round {attempt}: {len(holders)} jobs held the lock"
+        assert not list((tmp_path / str(attempt)).glob(".lock*"))
 
 
 def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):

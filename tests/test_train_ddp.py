@@ -619,6 +619,27 @@ def test_a_process_group_that_does_not_form_is_one_line(tmp_path, monkeypatch, f
             T.init_distributed(torch.device("cpu"), str(tmp_path), timeout_s=3)
 
 
+def test_gloo_ranks_that_cannot_connect_after_a_torchrun_restart_are_one_line(tmp_path, monkeypatch):
+    """After torchrun --max-restarts restarted the group, gloo's connect often fails (plain torch too): a page of
+    'Connection refused' and a traceback, where running the command again resumes."""
+    refused = "[gloo/transport/tcp/pair.cc:144] Gloo connectFullMesh failed with [...] Connection refused\nmore"
+
+    def connect(*args, **kwargs):
+        raise RuntimeError(refused)
+
+    monkeypatch.setattr(dist, "init_process_group", connect)
+    env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", TORCHELASTIC_RESTART_COUNT="1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InputError) as e:
+        T.init_distributed(torch.device("cpu"), str(tmp_path), timeout_s=3)
+    assert str(e.value) == (
+        f"the process group of 2 ranks at 127.0.0.1:29999 did not form: gloo could not connect the ranks "
+        f"({refused.splitlines()[0]}) (a torchrun restart: on gloo it often fails so; running the command again "
+        f"resumes)"
+    )
+
+
 def test_a_model_that_does_not_fit_the_gpu_is_one_line_naming_a_memory_target(tmp_path, monkeypatch, capsys):
     """Out of memory while the weights load (before the process group forms): one line, as after it."""
     launched = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
