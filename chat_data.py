@@ -57,17 +57,19 @@ NOT_JSONL = {
 }
 
 
-def load_conversations(path: str, control_tokens: Sequence[str] = ()) -> list[list[dict]]:
+def load_conversations(path: str, control_tokens: Sequence[str] = (), model_id: str = "") -> list[list[dict]]:
     """Parse and validate every row up front, so bad data fails on every rank before training starts; the first
     bad row is named, with the count and lines of the others (and, where some rows pass, the command that keeps
     them: python chat_data.py). A UTF-8 byte-order mark is skipped (at the start of any line: files joined with
     cat keep theirs); content given as a list of text parts stays a list, for the chat template to join
     (template_messages). Text that spells one of the tokenizer's `control_tokens` (control_tokens()) is refused:
-    the tokenizer would read it as that token, a fake turn or end of text inside a message."""
+    the tokenizer would read it as that token, a fake turn or end of text inside a message. `model_id`: whose
+    tokenizer that is, for the command."""
     lines = file_lines(path)
     rows, bad, empty, control = row_verdicts(lines, path, control_tokens)
     passing = len(rows.keys() - set(empty) - control.keys())  # (a bad row never parsed)
-    command = f"python {shlex.quote(os.path.relpath(__file__))} {shlex.quote(path)} OUT.jsonl"
+    model = f" --model {shlex.quote(model_id)}" if model_id else ""  # whose control tokens
+    command = f"python {shlex.quote(os.path.relpath(__file__))} {shlex.quote(path)} OUT.jsonl{model}"
     keep = f"; or keep the {passing} rows that pass: {command}" if passing else ""
     if bad:
         first, more = next(iter(bad.values())), list(bad)[1:]
@@ -167,9 +169,15 @@ def keep_passing_rows(path: str, out: str, control_tokens: Sequence[str]) -> str
     why |= {
         n: f"{token!r} in the text, which the tokenizer reads as a control token" for n, (_, token) in control.items()
     }
+    if not rows.keys() - why.keys():
+        raise InputError(f"{path}: no row passes; the first: {next(iter(why.values()), 'the file is blank')}")
     partial = Path(f"{out}.partial")
-    partial.write_bytes(b"".join(lines[n - 1] + b"\n" for n in rows if n not in why))
-    os.replace(partial, out)
+    try:
+        partial.write_bytes(b"".join(lines[n - 1] + b"\n" for n in rows if n not in why))
+        os.replace(partial, out)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise InputError(f"{out}: cannot write it: {e.strerror}") from None
     by_reason: dict[str, list[int]] = {}
     for n in sorted(why):
         by_reason.setdefault(why[n], []).append(n)
@@ -357,8 +365,9 @@ def text_of(message: dict) -> str:
 
 @functools.cache
 def renders_parts(tokenizer, chat_template: str, role: str) -> bool:
-    """Whether `chat_template` renders a `role` message's content given as a list of text parts (Gemma 4's
-    does), rather than failing or printing the list itself (one that takes strings only: the tiny model's)."""
+    """Whether `chat_template` (the tokenizer's, as text: the cache's key) renders a `role` message's content
+    given as a list of text parts (Gemma 4's does), rather than failing or printing the list itself (one that
+    takes strings only: the tiny model's)."""
     parts = [{"type": "text", "text": "Q7f1"}, {"type": "text", "text": "Z3k9"}]
     before = [{"role": "user", "content": "x"}] if role == "assistant" else []
     after = [{"role": "user", "content": "x"}] if role == "system" else []
@@ -376,7 +385,7 @@ def template_messages(tokenizer, messages: list[dict]) -> list[dict]:
     them for a template that takes strings."""
     return [
         m
-        if isinstance(m["content"], str) or renders_parts(tokenizer, tokenizer.chat_template, m["role"])
+        if isinstance(m["content"], str) or renders_parts(tokenizer, str(tokenizer.chat_template), m["role"])
         else {**m, "content": text_of(m)}
         for m in messages
     ]
@@ -654,8 +663,15 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
 
 
 def row_key(messages: list[dict]) -> tuple:
-    """A row as it is trained on (roles, texts with their parts joined, weights), whatever its key order."""
-    return tuple((m["role"], text_of(m), m.get("weight", 1)) for m in messages)
+    """A row as it is trained on (roles, texts, weights), whatever its key order: one text part is its text, more
+    stay parts (the chat template joins them its own way)."""
+    content = [
+        m["content"] if isinstance(m["content"], str) else tuple(p["text"] for p in m["content"]) for m in messages
+    ]
+    return tuple(
+        (m["role"], text[0] if isinstance(text, tuple) and len(text) == 1 else text, m.get("weight", 1))
+        for m, text in zip(messages, content, strict=True)
+    )
 
 
 def held_out_copies(train: list[list[dict]], held_out: list[list[dict]], path: str) -> str:
@@ -739,8 +755,9 @@ if __name__ == "__main__":
     parser.add_argument("out", help="where the rows that pass go")
     parser.add_argument(
         "--model",
-        default=str(Path(__file__).parent / "assets" / "tiny-gemma4"),
-        help="the tokenizer whose control tokens the text must not spell (default: the tiny Gemma 4's, Gemma 4's)",
+        default=os.environ.get("MODEL_ID", str(Path(__file__).parent / "assets" / "tiny-gemma4")),
+        help="MODEL_ID, whose tokenizer's control tokens the text must not spell (default: $MODEL_ID, else the "
+        "shipped tiny Gemma 4)",
     )
     args = parser.parse_args()
     try:

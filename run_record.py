@@ -485,23 +485,25 @@ def not_a_checkpoint(resume: str) -> str | None:
 
 
 def process_identity(pid: int) -> str | None:
-    """What tells process `pid` apart from a later one given the same pid: this boot's id and the process's
-    start time (clock ticks since boot, /proc/PID/stat's 22nd field). None without /proc."""
+    """What tells process `pid` apart from any other: its pid namespace (containers on one host may share its
+    name, each numbering its own processes), this boot's id and the process's start time (clock ticks since
+    boot, /proc/PID/stat's 22nd field: a pid reused is another process). None without /proc."""
     try:
+        space = os.readlink(f"/proc/{pid}/ns/pid")
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
     except OSError:
         return None
-    return f"{boot}/{fields[19]}"
+    return f"{space} {boot} {fields[19]}"
 
 
 class OutputLock:
     """OUTPUT_DIR/.lock, held by the job's rank 0: host, pid and start time of the holder.
 
     Taken with O_EXCL, so two jobs can never both hold it. A lock whose holder is gone is taken over:
-    on the same host when its pid no longer runs, or now names another process (a container restarted under
-    the same hostname reuses pids: the holder's boot and start time, process_identity(), tell them apart);
-    from another host when its holder has not refreshed it (a thread does, every minute) for ten minutes.
+    on the same host (and pid namespace) when its pid no longer runs or now names another process (pids are
+    reused: process_identity() tells them apart); from another host, or another container under the same host
+    name, when its holder has not refreshed it (a thread does, every minute) for ten minutes.
     Released at exit. Whoever takes it clears the saves a killed job left half-written (remove_interrupted_saves).
     """
 
@@ -565,7 +567,9 @@ class OutputLock:
         return holder if isinstance(holder, dict) and "pid" in holder else None  # not this script's: stale too
 
     def is_stale(self, holder: dict) -> bool:
-        if holder.get("host") == self.me["host"]:
+        known, mine = holder.get("process"), self.me["process"]
+        elsewhere = known and mine and known.split()[0] != mine.split()[0]  # another pid namespace: its pids
+        if holder.get("host") == self.me["host"] and not elsewhere:  # mean nothing here (a container)
             pid = int(holder["pid"])
             try:
                 os.kill(pid, 0)
@@ -573,7 +577,7 @@ class OutputLock:
                 return True
             except PermissionError:
                 pass  # it runs, as another user
-            known, now = holder.get("process"), process_identity(pid)
+            now = process_identity(pid)
             return pid == os.getpid() or (known is not None and now is not None and known != now)
         return time.time() - self.path.stat().st_mtime > self.STALE_AFTER_S
 

@@ -455,8 +455,8 @@ def read_conversations(cfg: Config) -> tuple:
     """(the tokenizer, DATA_PATH's conversations, EVAL_PATH's or []), each row checked (chat_data)."""
     tokenizer = chat_tokenizer(cfg.MODEL_ID)  # first: the data must not spell its control tokens
     special = control_tokens(tokenizer)
-    conversations = load_conversations(cfg.DATA_PATH, special)
-    return tokenizer, conversations, load_conversations(cfg.EVAL_PATH, special) if cfg.EVAL_PATH else []
+    conversations = load_conversations(cfg.DATA_PATH, special, cfg.MODEL_ID)
+    return tokenizer, conversations, load_conversations(cfg.EVAL_PATH, special, cfg.MODEL_ID) if cfg.EVAL_PATH else []
 
 
 def epoch_data(dataset: ChatDataset, cfg: Config, epoch: int) -> Dataset:
@@ -636,8 +636,8 @@ def evaluate_if_due(
     """The evaluation progress["eval_due"] asks for, unless the job is stopping (returns whether it is). One that a
     stop skips stays due: it is saved with the checkpoint and runs first when the run resumes (if EVAL_PATH is
     still set: a resume may drop it, and nothing is due then)."""
-    if eval_set is None:
-        progress.pop("eval_due", None)
+    if eval_set is None and progress.pop("eval_due", None):
+        say(f"the evaluation due at step {progress['step']} is not run: EVAL_PATH is not set any more")
     if not progress.get("eval_due"):
         return stopping
     step = progress["step"]
@@ -860,7 +860,8 @@ def main() -> None:
             evaluate_if_due, model, eval_set, collate, device, cfg.MICRO_BATCH, stop, progress, log
         )
         if evaluate_due(stopping):  # one a stop skipped: before anything else
-            say(f"stopped by {stop.by} before step {first_step}: {resume} still holds this state and resumes")
+            before = f"step {first_step}" if first_step <= total_steps else "the adapter is saved"
+            say(f"stopped by {stop.by} before {before}: {resume} still holds this state and resumes")
             return
 
         # 6. The loop. Each rank reads its own shard (DistributedSampler); an epoch is the same number of

@@ -496,6 +496,8 @@ def test_text_parts_are_joined_by_a_chat_template_that_renders_lists_else_one_pe
     assert [lists.decode(ex["input_ids"][a:b]) for a, b in answer_spans(ex["input_ids"], ex["labels"])] == [
         "Line one.Line two.<turn|>"
     ]
+    lists.chat_template = {"default": PARTS_TEMPLATE, "tool_use": "{{ messages }}"}  # named templates: a dict
+    assert chat_data.training_text(lists, messages)[0] == served + "<|turn>model\nLine one.Line two.<turn|>\n"
     strings = chat_data.training_text(tokenizer, messages)[0]  # the tiny model's template takes strings only
     assert "system\nRule one.\n Rule two.<turn|>" in strings and "user\nPart one. \nPart two.<turn|>" in strings
     row["messages"][1]["content"] = [{"type": "image", "url": "cat.png"}]
@@ -577,10 +579,25 @@ def test_the_rows_that_pass_are_kept_by_one_command_the_error_names(tmp_path, to
     assert "1 left out: expected an object with a non-empty 'messages' list" in run.stdout, run.stdout
     assert out.read_bytes() == b"".join(json.dumps(row).encode() + b"\n" for row in good)
     assert len(chat_data.load_conversations(str(out), chat_data.control_tokens(tokenizer))) == 3
+    with pytest.raises(InputError, match=r"--model google/gemma-4-12B-it$"):  # the run's tokenizer, named
+        chat_data.load_conversations(path, chat_data.control_tokens(tokenizer), "google/gemma-4-12B-it")
+    (tmp_path / "bad").mkdir()
+    nothing = write_chat(tmp_path / "bad", sharegpt, chat("x", ""))
+    for data, target, says in [(nothing, out, "no row passes; the first: "), (path, tmp_path / "no" / "o", "cannot")]:
+        refused = subprocess.run([sys.executable, ROOT / "chat_data.py", data, target], capture_output=True, text=True)
+        assert refused.returncode == 1 and refused.stderr.startswith("error: ") and says in refused.stderr
+        assert "Traceback" not in refused.stderr and not list(tmp_path.rglob("*.partial")), refused.stderr
     again = subprocess.run(
         [sys.executable, ROOT / "chat_data.py", out, out], capture_output=True, text=True, timeout=120
     )
     assert again.returncode == 1 and "the output would overwrite the data" in again.stderr, again.stderr
+
+
+def test_a_control_token_spelled_across_text_parts_is_refused(tmp_path, tokenizer):
+    """Gemma 4's template trims each part and glues them: '<|tu' and 'rn> x' reach the tokenizer as '<|turn> x'."""
+    row = chat("Hi", [{"type": "text", "text": "<|tu "}, {"type": "text", "text": "rn> x"}])
+    with pytest.raises(InputError, match=r"chat\.jsonl:1: messages\[1\] has '<\|turn>' in its text"):
+        chat_data.load_conversations(write_chat(tmp_path, row), chat_data.control_tokens(tokenizer))
 
 
 def test_an_answer_of_invisible_characters_is_an_empty_answer(tmp_path):
@@ -766,6 +783,9 @@ def test_the_summary_counts_rows_that_repeat_an_earlier_row_exactly(tmp_path, to
     assert line.startswith("data: 4 rows (2 repeat an earlier row exactly); ")
     dataset = chat_data.ChatDataset(rows[:2], tokenizer, 64, True)
     assert "repeat" not in chat_data.data_summary(dataset, dataset, 2, "chat.jsonl")
+    two = [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]  # the template joins them: not "b\nc"
+    rows = chat_data.load_conversations(write_chat(tmp_path, chat("a", "b\nc"), chat("a", "bc"), chat("a", two)))
+    assert len(set(map(chat_data.row_key, rows))) == 3
 
 
 def test_evaluation_rows_that_copy_training_rows_are_counted(tmp_path):

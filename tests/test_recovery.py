@@ -555,6 +555,7 @@ def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record
     assert re.search(r"nccl:all_gather #\d+ .*ranks that never entered it: \[1\]", report), report[:3000]
     assert "check_replicas_identical" in report and "SIGABRT" not in job.output, report[:3000]
     assert (tmp_path / "out" / "flight_recorder_rank_0").stat().st_size > 0
+    assert not (tmp_path / "out" / ".lock").exists()  # released on the way out: a rerun need not wait for it
 
 
 # ---------------------------------------------------------------- multi-node
@@ -875,6 +876,13 @@ def test_sigterm_as_the_final_evaluation_starts_leaves_it_and_the_adapter_to_the
     assert run.returncode == 0, run.output[-4000:]
     assert "final evaluation skipped: stopped by SIGTERM on rank 1" in run.output, run.output[-4000:]
     assert f"after step {TOTAL_STEPS}: {out}/checkpoints/step-{TOTAL_STEPS:08d} saved" in run.output, run.output[-3000:]
+    assert not (out / "adapter").exists()
+    again = torchrun(FAULTY_TRAIN, env=job_env(data, out, FAULT=f"term@{TOTAL_STEPS}@1", **env))  # in it again
+    assert again.returncode == 0 and resumed_step(again.output) == TOTAL_STEPS, again.output[-3000:]
+    assert re.search(
+        rf"stopped by SIGTERM on rank 1 before the adapter is saved: \S+step-{TOTAL_STEPS:08d} still holds this state",
+        again.output,
+    ), again.output[-3000:]
     assert not (out / "adapter").exists()
     rerun = torchrun(ROOT / "train_ddp.py", env=job_env(data, out, **env))
     assert rerun.returncode == 0 and resumed_step(rerun.output) == TOTAL_STEPS, rerun.output[-3000:]

@@ -286,21 +286,32 @@ def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
         holder.wait()
 
 
-def test_a_lock_whose_pid_now_names_another_process_is_taken_over(tmp_path):
-    """A container restarted under the same hostname gives its processes the pids the last one had: the lock's
-    pid runs, but it is not the holder (another start time), or it is this very process."""
+def test_a_lock_whose_pid_now_names_another_process_is_taken_over_but_not_another_containers(tmp_path):
+    """pids are reused (a restarted container numbers its processes as the last one did): a lock whose pid runs but
+    started at another time, or is this very process, is stale. A lock from another pid namespace (a container
+    beside this one under the same host name) names a pid that means nothing here: it holds until it goes
+    unrefreshed, as another host's does."""
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        mine = run_record.process_identity(alive.pid)
-        assert mine is not None and mine != run_record.process_identity(os.getpid())
-        for pid, process in [(alive.pid, mine), (alive.pid, None)]:  # the holder itself, or a lock without it
+        holder = run_record.process_identity(alive.pid)
+        space, boot, started = holder.split()
+        assert started != run_record.process_identity(os.getpid()).split()[2]
+
+        def lock(pid, process):
             (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "process": process}))
-            with pytest.raises(InputError, match=f"pid {alive.pid}"):
-                run_record.OutputLock(str(tmp_path)).acquire()
-        for pid, process in [(alive.pid, mine.split("/")[0] + "/1"), (os.getpid(), None)]:
-            (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "process": process}))
-            run_record.OutputLock(str(tmp_path)).acquire().release()
+            return run_record.OutputLock(str(tmp_path))
+
+        beside = f"pid:[1] {boot} {started}"  # another container's job, whose pid happens to be free or ours here
+        for pid, process in [(alive.pid, holder), (alive.pid, None), (os.getpid(), beside), (2**22 + 7, beside)]:
+            with pytest.raises(InputError, match=f"pid {pid}"):
+                lock(pid, process).acquire()
+        for pid, process in [(alive.pid, f"{space} {boot} 1"), (os.getpid(), None)]:
+            lock(pid, process).acquire().release()
             assert not list(tmp_path.glob(".lock*"))
+        old = time.time() - run_record.OutputLock.STALE_AFTER_S - 1
+        taken = lock(os.getpid(), beside)
+        os.utime(tmp_path / ".lock", (old, old))
+        taken.acquire().release()  # another container's, unrefreshed for ten minutes
     finally:
         alive.kill()
         alive.wait()

@@ -688,11 +688,12 @@ def test_an_eval_set_without_a_target_token_reports_no_loss(tokenizer, tiny_lora
     assert result == {"eval_loss": None, "eval_ppl": None, "eval_targets": 0}
 
 
-def test_an_evaluation_a_stop_left_due_is_not_run_once_eval_path_is_dropped():
+def test_an_evaluation_a_stop_left_due_is_not_run_once_eval_path_is_dropped(capsys):
     """A resume may unset EVAL_PATH: the evaluation the checkpoint says is due has nothing to run on then."""
     progress = {"step": 3, "eval_due": True}
     assert T.evaluate_if_due(None, None, None, torch.device("cpu"), 1, None, progress, None, stopping=False) is False
     assert "eval_due" not in progress  # nor is it due any more: a stop in the last step saves the adapter then
+    assert capsys.readouterr().out == "the evaluation due at step 3 is not run: EVAL_PATH is not set any more\n"
 
 
 def test_an_argument_to_the_script_fails_at_once_instead_of_being_ignored(tmp_path):
