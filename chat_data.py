@@ -732,8 +732,9 @@ def inline_reasoning(conversations: list[list[dict]], path: str) -> str:
 
 
 def row_targets_kept(dataset: ChatDataset, messages: list[dict]) -> tuple[bool, int, int]:
-    """(whether the row is longer than max_len, its target tokens, those within max_len)."""
-    labels = tokenize_conversation(dataset.tokenizer, messages, 1 << 30, dataset.assistant_only)["labels"]
+    """(whether the row is longer than max_len, its target tokens, those within max_len). Targets are counted
+    within 16 x max_len tokens: a row of megabytes is not tokenized whole (on every rank) for a statistic."""
+    labels = tokenize_conversation(dataset.tokenizer, messages, 16 * dataset.max_len, dataset.assistant_only)["labels"]
     targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
     return len(labels) > dataset.max_len, targets, sum(label != IGNORE_INDEX for label in labels[1 : dataset.max_len])
 

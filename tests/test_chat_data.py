@@ -674,8 +674,11 @@ def test_a_row_far_longer_than_max_len_tokenizes_its_head_only_and_exactly(token
     head = chat_data.tokenize_conversation(Measured(), messages, 256, assistant_only=True)
     assert head == {key: ids[:256] for key, ids in whole.items()} and len(whole["input_ids"]) > 256
     assert max(longest) < len(answer) / 4, longest
-    assert chat_data.ChatDataset([messages], Measured(), 256, True).token_lengths == [256]
+    dataset = chat_data.ChatDataset([messages], Measured(), 256, True)
+    assert dataset.token_lengths == [256]
     assert max(longest) < len(answer) / 4, longest
+    assert "1 longer than MAX_LEN=256" in chat_data.data_summary(dataset, dataset, 1, "chat.jsonl")
+    assert max(longest) < 100_000, longest  # the summary's count of what MAX_LEN cuts: within 16 x MAX_LEN
 
 
 @pytest.mark.parametrize("max_len", [21, 33])
