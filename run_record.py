@@ -231,14 +231,18 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
             free = None
         full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
         cause = "no space left on the device" if full else str(e).splitlines()[0]
-        if full and final.name.startswith("step-"):  # the next save would fail the same way
-            cause += " (older checkpoints are pruned once a new one is whole: KEEP_CHECKPOINTS of them stay meanwhile)"
         space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
         kept = sorted(final.parent.glob(final.name.split("-")[0] + "*"))  # step-* or adapter: what survives
         raise OutputDirError(
             f"saving {final} failed: {cause} ({space}this save needs about {readable_size(expected_bytes)}); "
             f"the temporary folder is removed"
             + (f" and {kept[-1].name} kept" if kept else "; there is no earlier one to keep")
+            + (  # or the next save fails the same way
+                "; older checkpoints are pruned only once a new one is whole: KEEP_CHECKPOINTS of them need room "
+                "beside it"
+                if full and kept and final.name.startswith("step-")
+                else ""
+            )
         ) from e
     remove(old)  # left over by a crash during an earlier replacement
     if final.exists():
