@@ -64,7 +64,7 @@ _IMPORTED = time.perf_counter()
 def where_everything_is(output_dir: str, adapter: Path, model_id: str, model_config: str) -> str:
     """The run's files (checkpoints only if some were saved) and how to load the adapter: on MODEL_ID's weights,
     unless it was trained on MODEL_CONFIG's random ones."""
-    out = Path(output_dir).absolute()  # from any folder (a relative OUTPUT_DIR is relative to where the job ran)
+    out = Path(os.path.abspath(output_dir))  # from any folder (a relative OUTPUT_DIR is relative to where the job ran)
     checkpoints = f"checkpoints: {out / 'checkpoints'}   " if (out / "checkpoints").is_dir() else ""
     load = (
         f"load it: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({model_id!r}), {str(adapter)!r})"

@@ -54,6 +54,8 @@ TRAINING = (
 # what its position in the data means. That position is a count of global batches: step s trains samples
 # [s*G, (s+1)*G) of the epoch's order whatever the world size, so another GPU count with the same G resumes.
 STRUCTURAL = (
+    "MODEL_ID",  # (compared with checkpoints saved before session 21 only: identity()'s "by_path")
+    "MODEL_CONFIG",
     "model_config_sha256",
     "model_weights_sha256",
     "LORA_R",
@@ -84,32 +86,57 @@ def identity(run, world_size: int, model_config: dict | None = None, tokenizer_s
         from transformers import AutoConfig
 
         model_config = AutoConfig.from_pretrained(run.MODEL_CONFIG or run.MODEL_ID).to_dict()
-    config = {k: v for k, v in model_config.items() if k not in ("transformers_version", "_name_or_path")}
+    config = {k: v for k, v in model_config.items() if k != "transformers_version"}
+    named = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    config.pop("_name_or_path", None)
     return {
         **{name: getattr(run, name) for name in TRAINING},
         "global_batch": world_size * run.MICRO_BATCH * run.ACCUM_STEPS,  # samples (packed: rows) per update
         "data_sha256": sha256_file(Path(run.DATA_PATH)),
         "model_config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
         "tokenizer_sha256": tokenizer_sha256,
+        # how checkpoints saved before session 21 knew the model (its path; its config hashed with the path)
+        "by_path": {"MODEL_ID": run.MODEL_ID, "MODEL_CONFIG": run.MODEL_CONFIG, "model_config_sha256": named},
     }
 
 
 def weights_sha256(model_id: str) -> str:
-    """A fingerprint of MODEL_ID's weight files, taken once the model is loaded (a hub model's files are in its
-    cache by then): each file's name, size and 16 blocks of 64 KiB spread over it, the first holding the
-    safetensors header (tensor names, shapes, offsets). About 1 MiB read per file of gigabytes; other weights
-    under the same name (another revision, a re-export, a fine-tune) change it."""
+    """A fingerprint of MODEL_ID's weights, taken once the model is loaded (a hub model's files are in its cache by
+    then): every tensor's name, dtype and shape, and its data (a tensor over 64 KiB: 8 blocks of 4 KiB spread over
+    it), in name order: the same tensors however sharded, beside whatever other files. About 12 MiB read for the
+    12B; other weights under the same name (another revision, a re-export, a fine-tune) change it. The safetensors
+    files, as transformers loads them; else any other weight files, sampled whole."""
     from transformers.utils import cached_file
 
     folder = Path(cached_file(model_id, "config.json")).parent  # a local folder, or the hub snapshot's
     h = hashlib.sha256()
-    for path in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
-        size = path.stat().st_size
-        h.update(f"{path.name}\0{size}\0".encode())
+    tensors = []  # (name, dtype, shape, file, first byte, end)
+    for path in sorted(folder.glob("*.safetensors")):
         with open(path, "rb") as f:
-            for k in range(16):
-                f.seek(k * size // 16)
-                h.update(f.read(1 << 16))
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, t in header.items():
+            if name != "__metadata__":
+                tensors.append(
+                    (
+                        name,
+                        t["dtype"],
+                        t["shape"],
+                        path,
+                        8 + size + t["data_offsets"][0],
+                        8 + size + t["data_offsets"][1],
+                    )
+                )
+    if not tensors:  # other formats (pytorch_model.bin): each file, as a tensor
+        tensors = [(p.name, "", [], p, 0, p.stat().st_size) for p in sorted(folder.glob("*.bin"))]
+    for name, dtype, shape, path, first, end in sorted(tensors, key=lambda t: t[0]):
+        h.update(f"{name}\0{dtype}\0{shape}\0".encode())
+        n = end - first
+        blocks = [(first, n)] if n <= 1 << 16 else [(first + k * (n - 4096) // 7, 4096) for k in range(8)]
+        with open(path, "rb") as f:
+            for start, count in blocks:
+                f.seek(start)
+                h.update(f.read(count))
     return h.hexdigest()
 
 
@@ -139,10 +166,7 @@ def versions(device: torch.device) -> dict:
 
 
 def comparable(saved: dict) -> dict:
-    """A saved identity as identity() writes it now: one saved before global_batch has its two factors instead;
-    one saved with MODEL_ID's path (before session 21) hashed the config with that path, so neither compares."""
-    if "MODEL_ID" in saved:
-        saved = {k: v for k, v in saved.items() if k not in ("MODEL_ID", "MODEL_CONFIG", "model_config_sha256")}
+    """A saved identity as identity() writes it now: one saved before global_batch has its two factors instead."""
     if "world_size" not in saved:
         return saved
     old = ("world_size", "samples_per_rank_step")
@@ -154,9 +178,12 @@ def comparable(saved: dict) -> dict:
 
 def differences(saved: dict, current: dict, saved_in: str = "checkpoint") -> list[str]:
     """'NAME: checkpoint X, now Y' (or 'adapter X') for every identity value that differs (structural ones first).
-    A value the saved identity lacks (recorded only since it was written) is not compared."""
+    A value the saved identity lacks (recorded only since it was written) is not compared; one saved before
+    session 21 knew the model by its path, and is compared as it was then (identity()'s "by_path")."""
     saved = comparable(saved)
-    keys = sorted(set(saved) & set(current), key=lambda k: (k not in STRUCTURAL, k))
+    if "MODEL_ID" in saved:
+        current = {**current, **current.get("by_path", {})}
+    keys = sorted(set(saved) & set(current) - {"by_path"}, key=lambda k: (k not in STRUCTURAL, k))
     return [f"{k}: {saved_in} {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
@@ -412,7 +439,7 @@ def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | N
         )
     if changes:
         say(f"warning: resuming {path} with changed settings (RESUME_ALLOW_CHANGES=1): {'; '.join(changes)}")
-    return path.absolute()  # as every line names it (a relative OUTPUT_DIR is relative to where the job ran)
+    return Path(os.path.abspath(path))  # as every line names it (a relative path is relative to where the job ran)
 
 
 def global_batch_advice(saved: int, now: int, run, others: bool) -> str:
@@ -529,9 +556,9 @@ class OutputLock:
                 if holder is not None and not self.is_stale(holder):
                     raise InputError(
                         f"{self.path.parent} is in use by another job (host {holder.get('host')}, "
-                        f"pid {holder.get('pid')}, "
-                        f"started {holder.get('started')}): use another OUTPUT_DIR, or stop that job. If it is dead on "
-                        f"another host, delete {self.path}."
+                        f"pid {holder.get('pid')}, started {holder.get('started')}): use another OUTPUT_DIR, or stop "
+                        f"that job. If it is dead (on another host, or in another container), delete {self.path}, or "
+                        f"wait: a lock unrefreshed for {self.STALE_AFTER_S // 60} minutes is taken over."
                     ) from None
                 stale = self.path.with_name(f".lock.stale-{os.getpid()}")
                 try:  # stale: move it aside, then drop it; of two jobs racing for it, only one rename succeeds

@@ -659,7 +659,7 @@ def adapter_bytes(model: DDP) -> int:
 def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, output_dir: str, keep: int) -> Path:
     """Adapter + optimizer state and progress, as output_dir/checkpoints/step-N; all but the `keep` newest
     pruned. (No scheduler state: the schedule is a function of the settings and the step, re-derived.)"""
-    final = Path(output_dir).absolute() / "checkpoints" / f"step-{progress['step']:08d}"  # said as the user can find it
+    final = Path(os.path.abspath(output_dir)) / "checkpoints" / f"step-{progress['step']:08d}"  # as one finds it
     if dist.get_rank() == 0:
 
         def write(folder: Path) -> None:
@@ -680,7 +680,7 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
 def save_adapter(model: DDP, run_config: dict, progress: dict, output_dir: str) -> Path:
     """The final adapter as output_dir/adapter, loadable with PeftModel.from_pretrained, with the run's record
     (run.json: settings, identity, progress): what a rerun reads to know the run is complete."""
-    final = Path(output_dir).absolute() / "adapter"
+    final = Path(os.path.abspath(output_dir)) / "adapter"
     if dist.get_rank() == 0:
 
         def write(folder: Path) -> None:

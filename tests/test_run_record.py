@@ -47,10 +47,18 @@ def test_identity_names_data_by_content_not_path(tmp_path):
     elsewhere = run_record.identity(  # the same model under another path (a moved checkout), as config.json says
         cpu_config(DATA_PATH=str(a), MODEL_ID="./moved/model"), 2, {"hidden_size": 8, "_name_or_path": "./moved/model"}
     )
-    assert elsewhere == ident[a]
-    # saved before session 21: MODEL_ID's path compared, the config hashed with it; the tokenizer not recorded
-    older = {**{k: v for k, v in ident[a].items() if k != "tokenizer_sha256"}, "MODEL_ID": "m", "MODEL_CONFIG": ""}
-    assert run_record.differences({**older, "model_config_sha256": "with the path"}, ident[a]) == []
+    assert {k: v for k, v in elsewhere.items() if k != "by_path"} == {
+        k: v for k, v in ident[a].items() if k != "by_path"
+    }
+    assert run_record.differences(ident[a], elsewhere) == []
+    # saved before session 21: the model known by its path, the config hashed with it; compared so still
+    older = {k: v for k, v in ident[a].items() if k not in ("tokenizer_sha256", "by_path")} | ident[a]["by_path"]
+    assert run_record.differences(older, ident[a]) == []
+    assert run_record.differences(older, elsewhere) == [
+        f"MODEL_ID: checkpoint {older['MODEL_ID']!r}, now './moved/model'",
+        f"model_config_sha256: checkpoint {older['model_config_sha256']!r}, now "
+        f"{elsewhere['by_path']['model_config_sha256']!r}",
+    ]
 
 
 def test_the_weights_are_known_by_their_content_wherever_they_lie(tmp_path, tiny_model_path):
@@ -63,6 +71,19 @@ def test_the_weights_are_known_by_their_content_wherever_they_lie(tmp_path, tiny
     save_file({name: w * 1.5 for name, w in weights.items()}, str(other / "model.safetensors"), {"format": "pt"})
     fingerprint = run_record.weights_sha256(str(tiny_model_path))
     assert run_record.weights_sha256(str(copy)) == fingerprint != run_record.weights_sha256(str(other))
+    weights = load_file(str(copy / "model.safetensors"))  # the same tensors in two shards, a .bin beside: the same
+    names = sorted(weights)
+    (copy / "model.safetensors").unlink()
+    for k, part in enumerate((names[::2], names[1::2])):
+        save_file(
+            {n: weights[n] for n in part}, str(copy / f"model-0000{k + 1}-of-00002.safetensors"), {"format": "pt"}
+        )
+    (copy / "pytorch_model.bin").write_bytes(b"unused")
+    assert run_record.weights_sha256(str(copy)) == fingerprint
+    one = next(n for n in names[1::2] if weights[n].nbytes <= 1 << 16)  # one value of a tensor read whole
+    weights[one].view(-1)[weights[one].numel() // 2] += 1
+    save_file({n: weights[n] for n in names[1::2]}, str(copy / "model-00002-of-00002.safetensors"), {"format": "pt"})
+    assert run_record.weights_sha256(str(copy)) != fingerprint
     checkpoint = saved_run(tmp_path / "step-00000002", {"model_weights_sha256": fingerprint}, 2)
     run_record.check_same_weights(checkpoint, {"model_weights_sha256": fingerprint})
     with pytest.raises(InputError, match=r"step-00000002 was trained on other base weights than MODEL_ID's now"):
