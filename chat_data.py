@@ -27,6 +27,7 @@ OTHER_ROLES = {
     "gpt": "ShareGPT's 'assistant': rename it",
     "bot": "rename it 'assistant'",
     "human": "ShareGPT's 'user': rename it",
+    "prompter": "OpenAssistant's 'user': rename it",
     "developer": "OpenAI's 'system': rename it",
     **dict.fromkeys(
         ("tool", "function", "ipython"),
@@ -164,7 +165,10 @@ def keep_passing_rows(path: str, out: str, control_tokens: Sequence[str]) -> str
         raise InputError(f"{out}: the output would overwrite the data: name another file")
     lines = file_lines(path)
     rows, bad, empty, control = row_verdicts(lines, path, control_tokens)
-    why = {n: re.sub(r"^messages\[\d+\]: ", "", error.removeprefix(f"{path}:{n}: ")) for n, error in bad.items()}
+    why = {  # by kind: not where in the row (the message, the column) it is
+        n: re.sub(r"^messages\[\d+\]: | at column \d+", "", error.removeprefix(f"{path}:{n}: "))
+        for n, error in bad.items()
+    }
     why |= {n: "an assistant turn with empty content" for n in empty}
     why |= {
         n: f"{token!r} in the text, which the tokenizer reads as a control token" for n, (_, token) in control.items()
@@ -224,9 +228,9 @@ def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
 
 
 def visible(text: str) -> bool:
-    """Whether `text` shows anything: not only white space and invisible format characters (zero-width space,
-    word joiner, byte-order mark)."""
-    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
+    """Whether `text` shows anything: not only white space, invisible format characters (zero-width space, word
+    joiner, byte-order mark) and control characters (NUL)."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cf", "Cc") for ch in text)
 
 
 def first_lines(lines: list[int]) -> str:
@@ -264,8 +268,9 @@ def any_of(words: Sequence[str]) -> re.Pattern:
 
 # message fields the chat template does not render: training would leave their text out without a word
 NOT_RENDERED = {
-    "tool_calls": "tool calls are not trained on here: drop the row",
-    "function_call": "tool calls are not trained on here: drop the row",
+    **dict.fromkeys(("tool_calls", "function_call"), "tool calls are not trained on here: drop the row"),
+    "tool_responses": "tool results are not trained on here: drop the row (Gemma 4's template renders them inside "
+    "the answer, which would train the model to write them itself)",
     **dict.fromkeys(
         ("reasoning_content", "reasoning", "thinking"),
         "thinking traces are not trained on here (Gemma 4's template renders them only on answers after the last "
@@ -286,11 +291,13 @@ ROW_NOT_RENDERED = {
     ),
     **dict.fromkeys(
         ("documents", "context"),
-        "put the text the answer draws on into the conversation (e.g. the user's message), or drop the row",
+        "put the text the answer draws on into the conversation (e.g. the user's message), or drop the key if a "
+        "message holds it already, or drop the row",
     ),
 }
 
 
+TRAIN_FLAGS = ("training", "train", "loss")  # axolotl's and ms-swift's names for weight, as true/false
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' text part; the Responses API's two
 # parts that carry what the answer is about: without them it would be trained on what the model never sees
 MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "file", "input_file", "document")
@@ -299,7 +306,9 @@ MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "vid
 def checked_message(m, where: str) -> dict:
     """One message as {"role", "content", ...}: content a string, or a list of text parts, each made
     {"type": "text", "text": ...} (the Responses API's input_text and output_text too: Gemma 4's template renders
-    only "text"). OpenAI's "weight" (0: an answer shown, not trained on) is kept."""
+    only "text"; a bare string or untyped {"text"} part is text too). OpenAI's "weight" (0: an answer shown, not
+    trained on) is kept; other trainers' flags for it (axolotl's "training" or "train", ms-swift's "loss": false)
+    become it; a weight of 0 on a turn never trained on (SlimOrca marks them so) is dropped."""
     if not isinstance(m, dict):
         raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
     if "role" not in m:  # another shape of message ({"from", "value"}, {"type", "data"})
@@ -313,6 +322,12 @@ def checked_message(m, where: str) -> dict:
         raise InputError(f"{where}: has {field!r}, which the chat template does not render; {NOT_RENDERED[field]}")
     if "weight" in m and m["weight"] is None:  # not set (a datasets export writes null for a missing field)
         m = {k: v for k, v in m.items() if k != "weight"}
+    if flag := next((f for f in TRAIN_FLAGS if isinstance(m.get(f), bool)), None):
+        if m.get("weight", int(m[flag])) != int(m[flag]):
+            raise InputError(f"{where}: 'weight' {m['weight']!r} and {flag!r} {m[flag]!r} disagree: keep one")
+        m = {**{k: v for k, v in m.items() if k not in TRAIN_FLAGS}, "weight": int(m[flag])}
+    if m["role"] != "assistant" and m.get("weight", 1) == 0:  # not trained on anyway
+        m = {k: v for k, v in m.items() if k != "weight"}
     if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1)):
         on = "" if m["role"] == "assistant" else f" on a {m['role']} message"
         raise InputError(
@@ -322,6 +337,9 @@ def checked_message(m, where: str) -> dict:
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):
+            if isinstance(part, str) or (isinstance(part, dict) and part.keys() == {"text"}):  # text, untyped
+                part = {"type": "text", "text": part if isinstance(part, str) else part["text"]}
+                content = [*content[:k], part, *content[k + 1 :]]
             text_part = isinstance(part, dict) and part.get("type") in TEXT_PARTS
             if text_part and not isinstance(part.get("text"), str):
                 raise InputError(f"{where}: content[{k}] is a text part whose 'text' is not a string")
@@ -425,8 +443,12 @@ def json_hint(line: str, error: json.JSONDecodeError, path: str) -> str:
 
 def format_hint(row) -> str:
     """How to turn the other formats people bring into 'messages' rows."""
+    if isinstance(row, str) and row.lstrip().startswith("{"):
+        return "; the row is a JSON string holding an object: it was encoded twice (json.loads it once more)"
     if not isinstance(row, dict):
         return ""
+    if isinstance(row.get("messages"), str) and row["messages"].lstrip().startswith("["):
+        return "; its 'messages' is JSON text, not a list: it was encoded twice (json.loads it once more)"
     for key in ("conversations", "conversation", "message", "chat", "dialog"):
         turns = row.get(key)
         if isinstance(turns, list) and turns and all(isinstance(t, dict) and "from" in t for t in turns):

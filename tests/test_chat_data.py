@@ -199,8 +199,8 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: messages[1]: a refusal in 'refusal', with 'content' null: put the refusal's text in 'content'",
         ),
         (
-            '{"messages": [{"role": "user", "content": "Hi", "weight": 0}, {"role": "assistant", "content": "Yo"}]}',
-            "2: messages[0]: 'weight' 0 on a user message; it is 0 or 1, on assistant messages",
+            '{"messages": [{"role": "user", "content": "Hi", "weight": 1}, {"role": "assistant", "content": "Yo"}]}',
+            "2: messages[0]: 'weight' 1 on a user message; it is 0 or 1, on assistant messages",
         ),
         (
             '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "weight": 0}]}',
@@ -600,6 +600,47 @@ def test_a_control_token_spelled_across_text_parts_is_refused(tmp_path, tokenize
         chat_data.load_conversations(write_chat(tmp_path, row), chat_data.control_tokens(tokenizer))
 
 
+@pytest.mark.parametrize("row", [{"messages": json.dumps(chat("a", "b")["messages"])}, json.dumps(chat("a", "b"))])
+def test_rows_encoded_twice_are_named_so(tmp_path, row):
+    with pytest.raises(
+        InputError, match=r"chat\.jsonl:1: expected .*it was encoded twice \(json\.loads it once more\)"
+    ):
+        chat_data.load_conversations(write_chat(tmp_path, row))
+
+
+def test_other_trainers_shapes_of_the_same_rows_train_as_they_mean(tmp_path, tokenizer):
+    """axolotl's "training"/"train" and ms-swift's "loss" flags (false: an answer shown, not trained on) were
+    trained on, with a warning that the model "never sees" them; SlimOrca's weight 0 on system and user turns
+    refused every row; an untyped {"text"} part or a bare string in a parts list was refused ("drop that part",
+    which left the answer without its question). OpenAssistant's 'prompter' and Gemma's tool_responses are named."""
+    flagged = {
+        "messages": [
+            {"role": "system", "content": "Be brief.", "weight": 0.0},
+            {"role": "user", "content": [{"text": "Q1"}, " more"], "weight": 0},
+            {"role": "assistant", "content": "A bad draft", "training": False},
+            {"role": "user", "content": "Q2"},
+            {"role": "assistant", "content": "Good", "loss": True},
+        ]
+    }
+    (messages,) = chat_data.load_conversations(write_chat(tmp_path, flagged))
+    assert [m.get("weight") for m in messages] == [None, None, 0, None, 1] and "training" not in messages[2]
+    assert chat_data.text_of(messages[1]) == "Q1\n more"
+    ex = chat_data.tokenize_conversation(tokenizer, messages, 4096, assistant_only=True)
+    assert [tokenizer.decode(ex["input_ids"][a:b]) for a, b in answer_spans(ex["input_ids"], ex["labels"])] == [
+        "Good<turn|>"
+    ]
+    refusals = [
+        ({"role": "assistant", "content": "x", "weight": 1, "train": False}, "'weight' 1 and 'train' False disagree"),
+        ({"role": "prompter", "content": "x"}, "unknown role 'prompter' .*OpenAssistant's 'user': rename it"),
+        ({"role": "assistant", "content": "x", "tool_responses": [{"name": "f"}]}, "has 'tool_responses'"),
+        ({"role": "assistant", "content": "\u0000"}, "an assistant turn with empty content"),
+    ]
+    for message, says in refusals:
+        row = {"messages": [{"role": "user", "content": "Hi"}, message]}
+        with pytest.raises(InputError, match=says):
+            chat_data.load_conversations(write_chat(tmp_path, row))
+
+
 def test_an_answer_of_invisible_characters_is_an_empty_answer(tmp_path):
     path = write_chat(tmp_path, chat("a", "b"), chat("c", "\u200b"), chat("d", "\ufeff\u2060 "), chat("e", "\u00a0"))
     with pytest.raises(
@@ -816,20 +857,20 @@ def test_message_fields_the_chat_template_leaves_out_are_named(tmp_path, tokeniz
         "messages": [
             {"role": "system", "name": "example_user", "content": "What is 2+2?"},
             {"role": "user", "content": "And 3+3?", "name": "ann", "id": "m1"},
-            {"role": "assistant", "content": "6", "name": None, "metadata": {}, "train": False},
+            {"role": "assistant", "content": "6", "name": None, "metadata": {}, "source": "gsm"},
         ]
     }
     rows = chat_data.load_conversations(write_chat(tmp_path, few_shot, chat("a", "b")))
     assert chat_data.fields_left_out(tokenizer, rows, "chat.jsonl") == (
-        "warning: chat.jsonl: the chat template leaves out 'name' (on 2 messages), 'id' (on 1 message), 'train' (on 1 "
-        "message): the model never sees them (put what matters in the content)"
+        "warning: chat.jsonl: the chat template leaves out 'name' (on 2 messages), 'id' (on 1 message), 'source' (on "
+        "1 message): the model never sees them (put what matters in the content)"
     )
-    # a template that renders a system message's speaker (the role 'name' first has): 'id' and 'train' left out
+    # a template that renders a system message's speaker (the role 'name' first has): 'id' and 'source' left out
     names = (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.get('name') }}{% endif %}{{ m.content }}{% endfor %}"
     )
     monkeypatch.setattr(tokenizer, "chat_template", names)
-    assert "leaves out 'id' (on 1 message), 'train' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "c")
+    assert "leaves out 'id' (on 1 message), 'source' (on 1 message):" in chat_data.fields_left_out(tokenizer, rows, "c")
     assert chat_data.fields_left_out(tokenizer, rows[1:], "chat.jsonl") == ""
 
 
