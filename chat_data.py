@@ -209,9 +209,13 @@ def checked_row(raw: bytes, path: str, lineno: int) -> list[dict]:
     messages = row.get("messages") if isinstance(row, dict) else None
     if not isinstance(messages, list) or not messages:
         raise InputError(f"{where}: expected an object with a non-empty 'messages' list{format_hint(row)}")
-    if field := next((f for f in ROW_NOT_RENDERED if row.get(f)), None):
-        raise InputError(f"{where}: has a row-level {field!r}, which is not rendered; {ROW_NOT_RENDERED[field]}")
     messages = [checked_message(m, f"{where}: messages[{j}]") for j, m in enumerate(messages)]
+    texts = "\n".join(map(text_of, messages))  # a row-level text a message holds already (a Dolly context) is no loss
+    unsaid = [f for f in ROW_NOT_RENDERED if row.get(f) and not (isinstance(row[f], str) and row[f].strip() in texts)]
+    if unsaid:
+        raise InputError(
+            f"{where}: has a row-level {unsaid[0]!r}, which is not rendered; {ROW_NOT_RENDERED[unsaid[0]]}"
+        )
     if messages[0]["role"] == "assistant":
         raise InputError(f"{where}: messages[0] is from the assistant; a conversation starts with system or user")
     if not any(m["role"] == "assistant" for m in messages):

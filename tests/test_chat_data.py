@@ -635,6 +635,10 @@ def test_other_trainers_shapes_of_the_same_rows_train_as_they_mean(tmp_path, tok
         ({"role": "assistant", "content": "x", "tool_responses": [{"name": "f"}]}, "has 'tool_responses'"),
         ({"role": "assistant", "content": "\u0000"}, "an assistant turn with empty content"),
     ]
+    dolly = {**chat("Context: The sky is blue.\nWhat colour is the sky?", "Blue."), "context": "The sky is blue. "}
+    assert len(chat_data.load_conversations(write_chat(tmp_path, dolly))) == 1  # its context is in the question
+    with pytest.raises(InputError, match="has a row-level 'context', which is not rendered"):
+        chat_data.load_conversations(write_chat(tmp_path, {**dolly, "context": "The sea is green."}))
     for message, says in refusals:
         row = {"messages": [{"role": "user", "content": "Hi"}, message]}
         with pytest.raises(InputError, match=says):
