@@ -1,0 +1,36 @@
+"""Time to fetch (tokenize_conversation, MAX_LEN=2048) and to count the packed length of a chat of 100 turns
+(200 messages of about 40 words), against the number of turns.
+
+Usage, from the repository root: python bench_results/long-rows/long_chats.py PATH/TO/chat_data.py
+"""
+
+import importlib.util
+import random
+import sys
+import time
+
+sys.path.insert(0, ".")
+from transformers import AutoTokenizer  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("chat_data_under_test", sys.argv[1])
+chat_data = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(chat_data)
+tokenizer = AutoTokenizer.from_pretrained("assets/tiny-gemma4")
+rng = random.Random(0)
+for turns in (10, 100):
+    chat = [
+        {"role": role, "content": " ".join(rng.choice(["tea", "of", "the", "42", "Grüße"]) for _ in range(40))}
+        for _ in range(turns)
+        for role in ("user", "assistant")
+    ]
+    start = time.perf_counter()
+    for _ in range(5):
+        example = chat_data.tokenize_conversation(tokenizer, chat, 2048, True)
+    fetch_ms = (time.perf_counter() - start) / 5 * 1000
+    start = time.perf_counter()
+    lengths = chat_data.ChatDataset([chat] * 5, tokenizer, 2048, True).token_lengths
+    count_ms = (time.perf_counter() - start) / 5 * 1000
+    print(
+        f"{sys.argv[1]}: {turns} turns -> {len(example['input_ids'])} tokens: fetch {fetch_ms:.1f} ms, "
+        f"length count {count_ms:.1f} ms a row ({lengths[0]})"
+    )
