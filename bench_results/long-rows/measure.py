@@ -1,9 +1,12 @@
-"""Time and peak RSS of fetching one row with a 10 MB answer (tokenize_conversation, MAX_LEN=2048).
+"""Fetch time of long rows with a given chat_data.py (CPU, this repo's tiny tokenizer, MAX_LEN=2048): a row with a
+10 MB answer (time and peak RSS of tokenize_conversation), and chats of 10 and 100 turns of about 40 words a
+message (a fetch, and the packed length count).
 
 Usage, from the repository root: python bench_results/long-rows/measure.py PATH/TO/chat_data.py
 """
 
 import importlib.util
+import random
 import resource
 import sys
 import time
@@ -15,7 +18,27 @@ spec = importlib.util.spec_from_file_location("chat_data_under_test", sys.argv[1
 chat_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(chat_data)
 tokenizer = AutoTokenizer.from_pretrained("assets/tiny-gemma4")
-answer = "line of a log, 42 ms\n" * 500_000
+
+rng = random.Random(0)
+for turns in (10, 100):
+    chat = [
+        {"role": role, "content": " ".join(rng.choice(["tea", "of", "the", "42", "Grüße"]) for _ in range(40))}
+        for _ in range(turns)
+        for role in ("user", "assistant")
+    ]
+    start = time.perf_counter()
+    for _ in range(5):
+        example = chat_data.tokenize_conversation(tokenizer, chat, 2048, True)
+    fetch_ms = (time.perf_counter() - start) / 5 * 1000
+    start = time.perf_counter()
+    lengths = chat_data.ChatDataset([chat] * 5, tokenizer, 2048, True).token_lengths
+    count_ms = (time.perf_counter() - start) / 5 * 1000
+    print(
+        f"{sys.argv[1]}: {turns} turns -> {len(example['input_ids'])} tokens: fetch {fetch_ms:.1f} ms, "
+        f"length count {count_ms:.1f} ms a row ({lengths[0]})"
+    )
+
+answer = "line of a log, 42 ms\n" * 500_000  # last: its peak RSS is the process's
 row = [{"role": "user", "content": "Summarise this log."}, {"role": "assistant", "content": answer}]
 start = time.perf_counter()
 example = chat_data.tokenize_conversation(tokenizer, row, 2048, True)
