@@ -602,9 +602,18 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assista
 class ChatDataset(Dataset):
     """Conversations tokenized lazily (in DataLoader workers), so skipped samples cost nothing."""
 
-    def __init__(self, conversations, tokenizer, max_len: int, assistant_only: bool, lengths_file: Path | None = None):
+    def __init__(
+        self,
+        conversations,
+        tokenizer,
+        max_len: int,
+        assistant_only: bool,
+        lengths_file: Path | None = None,
+        writes_lengths: bool = True,
+    ):
         self.conversations, self.tokenizer = conversations, tokenizer
-        self.max_len, self.assistant_only, self.lengths_file = max_len, assistant_only, lengths_file
+        self.max_len, self.assistant_only = max_len, assistant_only
+        self.lengths_file, self.writes_lengths = lengths_file, writes_lengths
         self.lengths = [sum(len(text_of(m)) for m in c) for c in conversations]  # characters: no tokenizing
 
     def __len__(self):
@@ -618,7 +627,8 @@ class ChatDataset(Dataset):
         """Every conversation's tokens, at most max_len (what packing needs before the first step). A full pass
         over 100k rows of the sample's kind takes about 80 s on 2 cores (the chat template rendered for each
         turn, the texts tokenized in batches), so it is kept in `lengths_file` (named by lengths_file()) for the
-        next run or resume on the same data."""
+        next run or resume on the same data. Only a dataset that `writes_lengths` writes it: one per node, so a
+        file written by a faster peer in this same run cannot hide from rank 0 that the run is counting."""
         if self.lengths_file is not None and self.lengths_file.exists():
             try:
                 kept = json.loads(self.lengths_file.read_text())
@@ -634,7 +644,7 @@ class ChatDataset(Dataset):
                 min(len(ids), self.max_len) if len(t) <= cut else len(encode_head(self.tokenizer, t, self.max_len)[0])
                 for t, ids in zip(texts, short, strict=True)
             ]
-        if self.lengths_file is not None:  # every rank writes the same list; the rename makes it whole or absent
+        if self.lengths_file is not None and self.writes_lengths:  # the rename makes it whole or absent
             partial = self.lengths_file.with_name(f"{self.lengths_file.name}.{os.getpid()}.partial")
             partial.write_text(json.dumps(lengths))
             os.replace(partial, self.lengths_file)

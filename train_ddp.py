@@ -765,7 +765,8 @@ def main() -> None:
         steps_per_epoch(len(conversations), world, cfg)
     identity = run_record.identity(cfg, world, tokenizer_sha256=tokenizer_sha256(tokenizer))
     kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
-    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept)  # lengths kept
+    # Every rank counts the lengths; each node's first rank keeps them (so rank 0 alone sees whether it counts).
+    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept, local_rank == 0)
     eval_set = (
         ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if eval_conversations else None
     )

@@ -750,7 +750,10 @@ def test_token_lengths_are_counted_once_and_kept_for_the_next_run_on_the_same_da
     """Packing needs every row's length before the first step: the lengths of the rows trained on."""
     tokenizer, rows = any_template, chat_data.load_conversations(str(SAMPLE_DATA))
     kept = chat_data.lengths_file(str(tmp_path), "abc", tokenizer, 256)
+    reader = chat_data.ChatDataset(rows, tokenizer, 256, True, kept, writes_lengths=False).token_lengths
+    assert not kept.exists()  # one writer per node: rank 0 alone tells whether this run counts
     first = chat_data.ChatDataset(rows, tokenizer, 256, True, kept).token_lengths
+    assert first == reader
     whole = [len(chat_data.tokenize_conversation(tokenizer, r, 10**6, True)["input_ids"]) for r in rows]
     assert first == [min(n, 256) for n in whole] and max(whole) > 256
 
