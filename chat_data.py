@@ -530,19 +530,24 @@ def answer_cue(tokenizer) -> tuple[str, str]:
     return header, prompt[len(header) :]
 
 
-def training_text(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def training_text(tokenizer, messages: list[dict], chars: int | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The conversation as it is trained on, and the character spans of its answers (each assistant turn's text
     through its end-of-turn marker; none for a turn of weight 0). That is the template's rendering, with each
     assistant turn opened as the generation prompt opens it: what the model sees at inference before it answers
-    (answer_cue; the text put in is not a target)."""
+    (answer_cue; the text put in is not a target). Placing an answer renders the chat up to it, so the cost grows
+    with the square of the turns: with `chars`, only the text's first `chars` characters are made (answers are
+    placed until one starts beyond them), which bounds an agent's trace of a thousand turns by MAX_LEN."""
     render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
     messages = template_messages(tokenizer, messages)
     history = render(messages)
-    pieces, answers, copied = [], [], 0  # copied: characters of `history` taken so far
+    pieces, answers, copied, shift = [], [], 0, 0  # characters of `history` taken so far; characters put in
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before, through = render(messages[:i]), render(messages[: i + 1])
+        before = render(messages[:i])
+        if chars is not None and len(before) + shift >= chars:
+            break  # this turn and all after it start beyond the text asked for
+        through = render(messages[: i + 1])
         cue = render(messages[:i], add_generation_prompt=True).removeprefix(before)
         if not (history.startswith(through) and through.startswith(before)):
             raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
@@ -557,35 +562,36 @@ def training_text(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int,
         marker = turn.rfind(END_OF_TURN)
         end = len(before) + (marker + len(END_OF_TURN) if marker >= len(header) else len(turn))
         pieces += [history[copied:start], extra]
-        copied = start
-        shift = sum(map(len, pieces)) - start  # characters put in so far
+        copied, shift = start, shift + len(extra)
         if m.get("weight", 1):
             answers.append((start + shift, end + shift))
-    return "".join(pieces) + history[copied:], answers
+    text = "".join(pieces) + history[copied:]
+    return (text, answers) if chars is None else (text[:chars], [a for a in answers if a[0] < chars])
 
 
 HEAD_CHARS_PER_TOKEN = 8  # a first cut of a long text, in characters per token kept (a token is about 4)
 
 
-def encode_head(tokenizer, text: str, max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
-    """The first max_len tokens of `text` and their character offsets, as tokenizing all of it gives them, without
-    tokenizing all of it: a row of megabytes (a log or a book pasted into one turn) would cost seconds and
-    gigabytes on every fetch. Longer and longer heads are tokenized until two agree on those tokens (a cut can
-    change only the tokens near it)."""
-    cut, before = HEAD_CHARS_PER_TOKEN * max_len, None
+def encode_head(tokenizer, messages: list[dict], max_len: int) -> tuple[list[int], list[tuple[int, int]], list]:
+    """The first max_len tokens of the conversation's training_text(), their character offsets and the answers'
+    spans, as making and tokenizing all of it gives them, without making or tokenizing all of it: a row of
+    megabytes (a log or a book pasted into one turn) would cost seconds and gigabytes on every fetch, a trace of
+    a thousand turns seconds. Longer and longer heads are made and tokenized until the tokens kept end in the
+    first three quarters of one (a cut changes only the tokens near it)."""
+    cut = HEAD_CHARS_PER_TOKEN * max_len
     while True:
-        encoded = tokenizer(text[:cut], add_special_tokens=False, return_offsets_mapping=True)  # text has its <bos>
-        head = encoded["input_ids"][:max_len], encoded["offset_mapping"][:max_len]
-        if cut >= len(text) or (len(head[0]) == max_len and head == before):
-            return head
-        cut, before = 2 * cut, head
+        text, answers = training_text(tokenizer, messages, cut)
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # text has its <bos>
+        ids, offsets = encoded["input_ids"][:max_len], encoded["offset_mapping"][:max_len]
+        if len(text) < cut or (len(ids) == max_len and offsets[-1][1] <= cut * 3 // 4):
+            return ids, offsets, answers
+        cut *= 2
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
     """Token ids and labels for one conversation (training_text(), tokenized up to max_len). With assistant_only,
     labels are -100 except on the tokens of each answer (a token that spans its first character included)."""
-    text, answers = training_text(tokenizer, messages)
-    input_ids, offsets = encode_head(tokenizer, text, max_len)
+    input_ids, offsets, answers = encode_head(tokenizer, messages, max_len)
     if not assistant_only:
         labels = list(input_ids)
     else:
@@ -638,11 +644,12 @@ class ChatDataset(Dataset):
                 return kept
         lengths, cut = [], HEAD_CHARS_PER_TOKEN * self.max_len
         for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
-            texts = [training_text(self.tokenizer, c)[0] for c in self.conversations[at : at + 1024]]
-            short = self.tokenizer([t if len(t) <= cut else "" for t in texts], add_special_tokens=False)["input_ids"]
+            rows = self.conversations[at : at + 1024]
+            texts = [training_text(self.tokenizer, c, cut)[0] for c in rows]  # whole when shorter than the cut
+            short = self.tokenizer([t if len(t) < cut else "" for t in texts], add_special_tokens=False)["input_ids"]
             lengths += [
-                min(len(ids), self.max_len) if len(t) <= cut else len(encode_head(self.tokenizer, t, self.max_len)[0])
-                for t, ids in zip(texts, short, strict=True)
+                min(len(ids), self.max_len) if len(t) < cut else len(encode_head(self.tokenizer, c, self.max_len)[0])
+                for t, ids, c in zip(texts, short, rows, strict=True)
             ]
         if self.lengths_file is not None and self.writes_lengths:  # the rename makes it whole or absent
             partial = self.lengths_file.with_name(f"{self.lengths_file.name}.{os.getpid()}.partial")

@@ -697,6 +697,33 @@ def test_a_conversation_is_tokenized_once_however_many_turns_it_has(tokenizer):
     assert len(calls) == 1 and len(answer_spans(ex["input_ids"], ex["labels"])) == 40
 
 
+def test_a_trace_of_many_turns_places_only_the_answers_within_its_head(tokenizer):
+    """Placing an answer renders the chat up to it: an agent's trace of 300 turns took a second a fetch, and the
+    packed length count as long again (quadratic in turns), for the few turns MAX_LEN keeps."""
+    renders = []
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, *args, **kwargs):
+            return tokenizer(*args, **kwargs)
+
+        def apply_chat_template(self, messages, **kwargs):
+            renders.append(len(messages))
+            return tokenizer.apply_chat_template(messages, **kwargs)
+
+    chat = [{"role": r, "content": f"turn {i}: a few words"} for i in range(300) for r in ("user", "assistant")]
+    whole = chat_data.tokenize_conversation(tokenizer, chat, 10**9, assistant_only=True)
+    head = chat_data.tokenize_conversation(Counted(), chat, 256, assistant_only=True)
+    assert head == {key: ids[:256] for key, ids in whole.items()} and len(whole["input_ids"]) > 20 * 256
+    assert len(answer_spans(head["input_ids"], head["labels"])) >= 2
+    assert max(renders) == len(chat) and sorted(renders)[-2] < 100, renders  # the whole chat rendered once only
+    renders.clear()
+    assert chat_data.ChatDataset([chat], Counted(), 256, True).token_lengths == [256]
+    assert sorted(renders)[-3] < 100, renders
+
+
 @pytest.mark.parametrize(
     "answer",
     ["Ünïcode wörds, and   spaces\t" * 9000, "a" * 200_000, "x" * 5000 + " " * 3000 + "y" * 9000],
@@ -726,17 +753,19 @@ def test_a_row_far_longer_than_max_len_tokenizes_its_head_only_and_exactly(token
     assert max(longest) < 100_000, longest  # the summary's count of what MAX_LEN cuts: within 16 x MAX_LEN
 
 
-@pytest.mark.parametrize("max_len", [21, 33])
+@pytest.mark.parametrize("max_len", [11, 51])
 def test_a_head_cut_inside_its_last_token_is_not_taken_for_the_whole_texts(tokenizer, monkeypatch, max_len):
-    """At one character per token, the cut of 2 * max_len characters leaves max_len tokens here, the last one a
-    piece of a word: only a longer head that agrees with it settles the tokens."""
+    """At one character per token, a cut leaves max_len tokens here (at these max_len), the last one a piece of a
+    word: only a head that ends well before its cut settles the tokens."""
     monkeypatch.setattr(chat_data, "HEAD_CHARS_PER_TOKEN", 1)
-    text = "Ünïcode wörds, and   spaces\t" * 500
+    messages = [
+        {"role": "user", "content": "Summarise."},
+        {"role": "assistant", "content": "Ünïcode wörds, and   spaces\t" * 500},
+    ]
+    text = chat_data.training_text(tokenizer, messages)[0]
     whole = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert chat_data.encode_head(tokenizer, text, max_len) == (
-        whole["input_ids"][:max_len],
-        whole["offset_mapping"][:max_len],
-    )
+    ids, offsets, _ = chat_data.encode_head(tokenizer, messages, max_len)
+    assert (ids, offsets) == (whole["input_ids"][:max_len], whole["offset_mapping"][:max_len])
 
 
 @pytest.mark.parametrize("key", ["conversation", "conversations", "message"])

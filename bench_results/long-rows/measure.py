@@ -1,5 +1,5 @@
 """Fetch time of long rows with a given chat_data.py (CPU, this repo's tiny tokenizer, MAX_LEN=2048): a row with a
-10 MB answer (time and peak RSS of tokenize_conversation), and chats of 10 and 100 turns of about 40 words a
+10 MB answer (time and peak RSS of tokenize_conversation), and chats of 10, 100 and 300 turns of about 40 words a
 message (a fetch, and the packed length count).
 
 Usage, from the repository root: python bench_results/long-rows/measure.py PATH/TO/chat_data.py
@@ -20,7 +20,7 @@ spec.loader.exec_module(chat_data)
 tokenizer = AutoTokenizer.from_pretrained("assets/tiny-gemma4")
 
 rng = random.Random(0)
-for turns in (10, 100):
+for turns in (10, 100, 300):
     chat = [
         {"role": role, "content": " ".join(rng.choice(["tea", "of", "the", "42", "Grüße"]) for _ in range(40))}
         for _ in range(turns)
