@@ -672,6 +672,9 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 
+SUMMARY_SPAN = 4  # data_summary counts the target tokens MAX_LEN cuts within this many times MAX_LEN a row
+
+
 def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:
     """How many rows repeat an earlier one (each copy trains again: a file concatenated twice is a common slip);
     what the dataset's max_len (MAX_LEN) and drop_last do to the data, from up to `sample_size` rows spread over
@@ -699,7 +702,8 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
         )
     return (
         f"data: {len(rows)} rows{repeated}; of {len(sample)} sampled, {cut} longer than MAX_LEN={max_len} "
-        f"({targets - kept} of {targets} target tokens cut), {no_target} with no target left; "
+        f"({targets - kept} of {targets} target tokens within {SUMMARY_SPAN} x MAX_LEN cut), {no_target} with no "
+        f"target left; "
         f"{len(epoch_data) - used_per_epoch} {'packed ' if epoch_data is not dataset else ''}rows per epoch left out "
         f"by drop_last" + (packing_fill(dataset, epoch_data) if epoch_data is not dataset else "")
     )
@@ -775,9 +779,11 @@ def inline_reasoning(conversations: list[list[dict]], path: str) -> str:
 
 
 def row_targets_kept(dataset: ChatDataset, messages: list[dict]) -> tuple[bool, int, int]:
-    """(whether the row is longer than max_len, its target tokens, those within max_len). Targets are counted
-    within 16 x max_len tokens: a row of megabytes is not tokenized whole (on every rank) for a statistic."""
-    labels = tokenize_conversation(dataset.tokenizer, messages, 16 * dataset.max_len, dataset.assistant_only)["labels"]
+    """(whether the row is longer than max_len, its target tokens within SUMMARY_SPAN x max_len, those within
+    max_len): a row of megabytes or a trace of a thousand turns is not made whole (on every rank) for a
+    statistic."""
+    labels = tokenize_conversation(dataset.tokenizer, messages, SUMMARY_SPAN * dataset.max_len, dataset.assistant_only)
+    labels = labels["labels"]
     targets = sum(label != IGNORE_INDEX for label in labels[1:])  # position t predicts token t+1
     return len(labels) > dataset.max_len, targets, sum(label != IGNORE_INDEX for label in labels[1 : dataset.max_len])
 
