@@ -672,7 +672,7 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 
-SUMMARY_SPAN = 4  # data_summary counts the target tokens MAX_LEN cuts within this many times MAX_LEN a row
+SUMMARY_SPAN = 2  # data_summary counts the target tokens MAX_LEN cuts within this many times MAX_LEN a row
 
 
 def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: str, sample_size: int = 1000) -> str:

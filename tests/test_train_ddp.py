@@ -226,7 +226,7 @@ def test_end_to_end_two_ranks(tmp_path, backend):
     rows, left_out = 18 * RANKS + 1, 2 * RANKS + 1  # 16 a rank train (4 steps of 2x2), the rest is dropped
     summary = re.search(
         rf"data: {rows} rows(?: \(\d+ repeat an earlier row exactly\))?; of {rows} sampled, (\d+) longer than "
-        rf"MAX_LEN=256 \((\d+) of (\d+) target tokens within 4 x MAX_LEN "
+        rf"MAX_LEN=256 \((\d+) of (\d+) target tokens within 2 x MAX_LEN "
         rf"cut\), \d+ with no target left; {left_out} rows per epoch left out by drop_last",
         run.output,
     )
