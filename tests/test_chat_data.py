@@ -559,9 +559,12 @@ def test_the_rows_that_pass_are_kept_by_one_command_the_error_names(tmp_path, to
     """A realistic mix holds rows no run can train on (agentic turns, an empty answer, a control token): the error
     names the command that writes the others to a new file, each line as it was, and says why each row was left."""
     tool = {"messages": [*chat("Weather?", "Let me look.")["messages"], {"role": "tool", "content": "12 C"}]}
+    later_tool = {"messages": [*chat("Hi", "Yo")["messages"], *tool["messages"]]}  # messages[4]: grouped by kind
     sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
     good = [chat("a", "b"), chat("c", [{"type": "text", "text": "d"}]), chat("e", "f")]
-    path = write_chat(tmp_path, good[0], tool, chat("x", ""), good[1], tool, chat("y", "<eos> z"), sharegpt, good[2])
+    path = write_chat(
+        tmp_path, good[0], tool, chat("x", ""), good[1], later_tool, chat("y", "<eos> z"), sharegpt, good[2]
+    )
     with pytest.raises(InputError) as e:
         chat_data.load_conversations(path, chat_data.control_tokens(tokenizer))
     command = f"{KEEP} {path} OUT.jsonl"
