@@ -2,15 +2,18 @@
 with the tokenizer's chat template into token ids and labels (assistant turns only, or every token)."""
 
 import argparse
+import bisect
 import codecs
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import re
 import shlex
 import sys
+import tempfile
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -534,39 +537,93 @@ def training_text(tokenizer, messages: list[dict], chars: int | None = None) -> 
     """The conversation as it is trained on, and the character spans of its answers (each assistant turn's text
     through its end-of-turn marker; none for a turn of weight 0). That is the template's rendering, with each
     assistant turn opened as the generation prompt opens it: what the model sees at inference before it answers
-    (answer_cue; the text put in is not a target). Placing an answer renders the chat up to it, so the cost grows
-    with the square of the turns: with `chars`, only the text's first `chars` characters are made (answers are
-    placed until one starts beyond them), which bounds an agent's trace of a thousand turns by MAX_LEN."""
+    (answer_cue; the text put in is not a target). With `chars`, only the text's first `chars` characters are
+    made, from the first messages that reach them: a trace of a thousand turns costs what MAX_LEN keeps of it."""
     render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
-    messages = template_messages(tokenizer, messages)
-    history = render(messages)
+    messages, history = rendered_head(render, template_messages(tokenizer, messages), chars)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    places = marked_answer_places(render, tokenizer, messages, history, turns)
+    if places is None:  # the template alters the marks: each answer placed by rendering the chat up to it
+        places = [answer_place(render, tokenizer, messages, history, i) for i in turns]
     pieces, answers, copied, shift = [], [], 0, 0  # characters of `history` taken so far; characters put in
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = render(messages[:i])
-        if chars is not None and len(before) + shift >= chars:
-            break  # this turn and all after it start beyond the text asked for
-        through = render(messages[: i + 1])
-        cue = render(messages[:i], add_generation_prompt=True).removeprefix(before)
-        if not (history.startswith(through) and through.startswith(before)):
-            raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
-        turn = through[len(before) :]
-        header, extra = (cue, "") if turn.startswith(cue) else answer_cue(tokenizer)
-        if header + extra != cue or not turn.startswith(header):
-            raise InputError(
-                f"the chat template's generation prompt ({cue!r}) does not open the assistant turn as its history "
-                f"does ({turn[:40]!r}...): cannot place the answer"
-            )
-        start = len(before) + len(header)
-        marker = turn.rfind(END_OF_TURN)
-        end = len(before) + (marker + len(END_OF_TURN) if marker >= len(header) else len(turn))
+    for i, (start, end, _, extra) in zip(turns, places, strict=True):
         pieces += [history[copied:start], extra]
         copied, shift = start, shift + len(extra)
-        if m.get("weight", 1):
+        if messages[i].get("weight", 1):
             answers.append((start + shift, end + shift))
     text = "".join(pieces) + history[copied:]
     return (text, answers) if chars is None else (text[:chars], [a for a in answers if a[0] < chars])
+
+
+def rendered_head(render, messages: list[dict], chars: int | None) -> tuple[list[dict], str]:
+    """The first messages whose rendering is `chars` characters or more (all of them without `chars`), and that
+    rendering: a prefix of the whole chat's, the template being prefix-stable (answer_place checks it)."""
+    totals = list(itertools.accumulate(len(text_of(m)) for m in messages))
+    k = len(messages) if chars is None else bisect.bisect_left(totals, chars) + 1
+    while True:
+        history = render(messages[:k])
+        if k >= len(messages) or len(history) >= chars:
+            return messages[:k], history
+        k *= 2
+
+
+def answer_place(render, tokenizer, messages: list[dict], history: str, i: int) -> tuple[int, int, str, str]:
+    """Where answer `i` starts and ends in `history` (the chat rendered), the header that opens its turn there,
+    and the text the generation prompt adds after that header (answer_cue), found by rendering the chat up to
+    the answer (and through it, and with the generation prompt)."""
+    before, through = render(messages[:i]), render(messages[: i + 1])
+    cue = render(messages[:i], add_generation_prompt=True).removeprefix(before)
+    if not (history.startswith(through) and through.startswith(before)):
+        raise InputError("chat template is not prefix-stable; cannot locate assistant turns")
+    turn = through[len(before) :]
+    header, extra = (cue, "") if turn.startswith(cue) else answer_cue(tokenizer)
+    if header + extra != cue or not turn.startswith(header):
+        raise InputError(
+            f"the chat template's generation prompt ({cue!r}) does not open the assistant turn as its history "
+            f"does ({turn[:40]!r}...): cannot place the answer"
+        )
+    marker = turn.rfind(END_OF_TURN)
+    end = len(before) + (marker + len(END_OF_TURN) if marker >= len(header) else len(turn))
+    return len(before) + len(header), end, header, extra
+
+
+MARK = "\ue000"  # a private-use character: brackets each message's number in marked_answer_places' rendering
+
+
+def marked_answer_places(render, tokenizer, messages: list[dict], history: str, turns: list[int]) -> list | None:
+    """answer_place() of every answer in `turns`, from one more rendering instead of three per answer (quadratic
+    in turns, and Gemma 4's template costs about a millisecond a message): each message's text carries its number
+    in marks before its first visible character, so the marks say where each text starts in `history`. None when
+    a text holds the mark or the template does not pass the marks through unchanged; the first and last answers
+    are placed by answer_place() as well, and anything else than the same places is None too."""
+    if not turns:
+        return []
+    if any(MARK in text_of(m) for m in messages):
+        return None
+    marked = render([{**m, "content": with_mark(m["content"], j)} for j, m in enumerate(messages)]).split(MARK)
+    texts, numbers = marked[0::2], marked[1::2]
+    if numbers != [str(j) for j in range(len(messages))] or "".join(texts) != history:
+        return None
+    starts = [*itertools.accumulate(map(len, texts[:-1])), len(history)]  # each text's start; then the end
+    first = answer_place(render, tokenizer, messages, history, turns[0])
+    header, extra = first[2], first[3]
+    places = []
+    for i in turns:
+        end = history.rfind(END_OF_TURN, starts[i], starts[i + 1])
+        if end < 0 or history[starts[i] - len(header) : starts[i]] != header:
+            return None
+        places.append((starts[i], end + len(END_OF_TURN), header, extra))
+    same = places[0] == first and places[-1] == answer_place(render, tokenizer, messages, history, turns[-1])
+    return places if same else None
+
+
+def with_mark(content, number: int):
+    """`content` (a text, or text parts) with `number` in marks before its first visible character: where a
+    template trims the text, the mark is where the text starts."""
+    if isinstance(content, list):
+        return [{**content[0], "text": with_mark(content[0]["text"], number)}, *content[1:]]
+    visible_part = content.lstrip()
+    return f"{content[: len(content) - len(visible_part)]}{MARK}{number}{MARK}{visible_part}"
 
 
 HEAD_CHARS_PER_TOKEN = 8  # a first cut of a long text, in characters per token kept (a token is about 4)
@@ -583,9 +640,16 @@ def encode_head(tokenizer, messages: list[dict], max_len: int) -> tuple[list[int
         text, answers = training_text(tokenizer, messages, cut)
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # text has its <bos>
         ids, offsets = encoded["input_ids"][:max_len], encoded["offset_mapping"][:max_len]
-        if len(text) < cut or (len(ids) == max_len and offsets[-1][1] <= cut * 3 // 4):
+        if head_settled(text, offsets, cut, max_len):
             return ids, offsets, answers
         cut *= 2
+
+
+def head_settled(text: str, offsets: list[tuple[int, int]], cut: int, max_len: int) -> bool:
+    """Whether the first max_len tokens of `text` (the first `cut` characters of a row's text; `offsets` theirs)
+    are the row's: the text is whole, or they end in its first three quarters (a cut changes only the tokens
+    near it)."""
+    return len(text) < cut or (len(offsets) >= max_len and offsets[max_len - 1][1] <= cut * 3 // 4)
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, assistant_only: bool) -> dict:
@@ -646,14 +710,17 @@ class ChatDataset(Dataset):
         for at in range(0, len(self.conversations), 1024):  # batched: the tokenizer's threads share the work
             rows = self.conversations[at : at + 1024]
             texts = [training_text(self.tokenizer, c, cut)[0] for c in rows]  # whole when shorter than the cut
-            short = self.tokenizer([t if len(t) < cut else "" for t in texts], add_special_tokens=False)["input_ids"]
+            heads = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
             lengths += [
-                min(len(ids), self.max_len) if len(t) < cut else len(encode_head(self.tokenizer, c, self.max_len)[0])
-                for t, ids, c in zip(texts, short, rows, strict=True)
+                min(len(head), self.max_len)
+                if head_settled(text, head, cut, self.max_len)
+                else len(encode_head(self.tokenizer, row, self.max_len)[0])  # a longer head, made again
+                for text, head, row in zip(texts, heads, rows, strict=True)
             ]
         if self.lengths_file is not None and self.writes_lengths:  # the rename makes it whole or absent
-            partial = self.lengths_file.with_name(f"{self.lengths_file.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps(lengths))
+            fd, partial = tempfile.mkstemp(dir=self.lengths_file.parent, prefix=f"{self.lengths_file.name}.")
+            with os.fdopen(fd, "w") as f:  # a name of its own: nodes' containers can share pids and storage
+                f.write(json.dumps(lengths))
             os.replace(partial, self.lengths_file)
         return lengths
 
@@ -667,7 +734,7 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
     """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer
     (tokenizer_sha256), MAX_LEN, and the code that makes a row's text (lengths an older version counted would
     overfill packed rows)."""
-    code = inspect.getsource(training_text) + inspect.getsource(template_messages)
+    code = "".join(map(inspect.getsource, (training_text, rendered_head, answer_place, template_messages)))
     parts = [data_sha256, tokenizer_sha256(tokenizer), str(max_len), code]
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 

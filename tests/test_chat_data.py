@@ -700,35 +700,71 @@ def test_a_conversation_is_tokenized_once_however_many_turns_it_has(tokenizer):
     assert len(calls) == 1 and len(answer_spans(ex["input_ids"], ex["labels"])) == 40
 
 
-def test_a_trace_of_many_turns_places_only_the_answers_within_its_head(tokenizer):
-    """Placing an answer renders the chat up to it: an agent's trace of 300 turns took a second a fetch, and the
-    packed length count as long again (quadratic in turns), for the few turns MAX_LEN keeps."""
-    renders = []
+class Rendered:
+    """The tokenizer, counting the messages of each chat it renders; `alter`: as a template that changes a text
+    (here: drops the second message's mark, from marked_answer_places), so each answer is placed by rendering the
+    chat up to it."""
 
-    class Counted:
-        def __getattr__(self, name):
-            return getattr(tokenizer, name)
+    def __init__(self, tokenizer, alter=False):
+        self.tokenizer, self.alter, self.renders = tokenizer, alter, []
 
-        def __call__(self, *args, **kwargs):
-            return tokenizer(*args, **kwargs)
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
 
-        def apply_chat_template(self, messages, **kwargs):
-            renders.append(len(messages))
-            return tokenizer.apply_chat_template(messages, **kwargs)
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
 
+    def apply_chat_template(self, messages, **kwargs):
+        self.renders.append(len(messages))
+        text = self.tokenizer.apply_chat_template(messages, **kwargs)
+        return text.replace(f"{chat_data.MARK}1{chat_data.MARK}", "") if self.alter else text
+
+
+def test_a_trace_of_many_turns_is_rendered_a_few_times_and_as_far_as_its_head(tokenizer):
+    """Placing each answer by rendering the chat up to it is quadratic in turns: an agent's trace of 300 turns
+    took a second a fetch with the tiny template, and 4 s for 100 turns with Gemma 4's (about a millisecond a
+    message), for the few turns MAX_LEN keeps."""
     chat = [{"role": r, "content": f"turn {i}: a few words"} for i in range(300) for r in ("user", "assistant")]
     whole = chat_data.tokenize_conversation(tokenizer, chat, 10**9, assistant_only=True)
-    head = chat_data.tokenize_conversation(Counted(), chat, 256, assistant_only=True)
+    counted = Rendered(tokenizer)
+    head = chat_data.tokenize_conversation(counted, chat, 256, assistant_only=True)
     assert head == {key: ids[:256] for key, ids in whole.items()} and len(whole["input_ids"]) > 20 * 256
     assert len(answer_spans(head["input_ids"], head["labels"])) >= 2
-    assert max(renders) == len(chat) and sorted(renders)[-2] < 100, renders  # the whole chat rendered once only
-    renders.clear()
-    dataset = chat_data.ChatDataset([chat], Counted(), 256, True)
+    assert max(counted.renders) < len(chat) / 4 and len(counted.renders) <= 12, counted.renders
+    counted.renders.clear()
+    dataset = chat_data.ChatDataset([chat], counted, 256, True)
     assert dataset.token_lengths == [256]
-    assert sorted(renders)[-3] < 100, renders
-    renders.clear()  # the summary counts what MAX_LEN cuts within 2 x MAX_LEN: not the whole trace either
+    assert max(counted.renders) < len(chat) / 4 and len(counted.renders) <= 12, counted.renders
+    counted.renders.clear()  # the summary counts what MAX_LEN cuts within 2 x MAX_LEN: not the whole trace either
     assert "1 longer than MAX_LEN=256" in chat_data.data_summary(dataset, dataset, 1, "chat.jsonl")
-    assert sorted(renders)[-2] < len(chat) / 2, renders
+    assert max(counted.renders) < len(chat) / 2 and len(counted.renders) <= 12, counted.renders
+    altered = Rendered(tokenizer, alter=True)  # each answer placed by rendering: the same, however slower
+    assert chat_data.tokenize_conversation(altered, chat, 256, assistant_only=True) == head
+    assert len(altered.renders) > 3 * len(answer_spans(head["input_ids"], head["labels"])), altered.renders
+
+
+@pytest.mark.parametrize("alter", [False, True])
+def test_answers_are_placed_alike_from_the_marks_and_by_rendering_each_answer(tokenizer, monkeypatch, alter):
+    """marked_answer_places() against answer_place() for each answer, on the sample data and rows that test the
+    marks: texts that start with spaces, an empty answer of weight 0, text parts, the mark's own character."""
+    rows = chat_data.load_conversations(str(SAMPLE_DATA))[:40] + [
+        chat("  Hi", "\n  Yo  ")["messages"],
+        [
+            *chat("a", "")["messages"][:1],
+            {"role": "assistant", "content": " ", "weight": 0},
+            *chat("b", "c")["messages"],
+        ],
+        chat([{"type": "text", "text": " x"}, {"type": "text", "text": "y"}], "z")["messages"],
+        chat("a \ue000 b", "c")["messages"],
+    ]
+    placed = Rendered(tokenizer, alter)
+    for row in rows:
+        with monkeypatch.context() as each_answer_rendered:
+            each_answer_rendered.setattr(chat_data, "marked_answer_places", lambda *args: None)
+            text, answers = chat_data.training_text(tokenizer, row)
+        assert chat_data.training_text(placed, row) == (text, answers)
+        for cut in (40, 200):
+            assert chat_data.training_text(placed, row, cut) == (text[:cut], [a for a in answers if a[0] < cut])
 
 
 @pytest.mark.parametrize(
