@@ -32,11 +32,12 @@ OTHER_ROLES = {
     "human": "ShareGPT's 'user': rename it",
     "prompter": "OpenAssistant's 'user': rename it",
     "developer": "OpenAI's 'system': rename it",
-    **dict.fromkeys(
-        ("tool", "function", "ipython"),
+    **dict.fromkeys(  # OpenAI's, Llama 3's, LLaMA-Factory's, ms-swift's
+        ("tool", "function", "ipython", "observation", "tool_response"),
         "tool results are not trained on here: drop the row (without its results, the answer after them would "
         "be trained on text the model never sees)",
     ),
+    **dict.fromkeys(("function_call", "tool_call", "tool_calls"), "tool calls are not trained on here: drop the row"),
 }
 # files people pass for JSONL, by their first bytes (UTF-32's before UTF-16's): what they are, how to get JSONL
 NOT_JSONL = {
@@ -308,6 +309,20 @@ TRAIN_FLAGS = ("training", "train", "loss")  # axolotl's and ms-swift's names fo
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' text part; the Responses API's two
 # parts that carry what the answer is about: without them it would be trained on what the model never sees
 MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "file", "input_file", "document")
+# tool calls and results as parts or items (Anthropic's, the Responses API's, Gemini's): dropping the part alone
+# would train the answer after them on results the model never sees
+TOOL_PARTS = {
+    "tool_use",
+    "tool_result",
+    "server_tool_use",
+    "web_search_tool_result",
+    "mcp_tool_use",
+    "mcp_tool_result",
+    "function_call",
+    "function_call_output",
+    "functionCall",
+    "functionResponse",
+}
 
 
 def checked_message(m, where: str) -> dict:
@@ -318,6 +333,8 @@ def checked_message(m, where: str) -> dict:
     become it; a weight of 0 on a turn never trained on (SlimOrca marks them so) is dropped."""
     if not isinstance(m, dict):
         raise InputError(f"{where}: {json.dumps(m)[:40]} is not a message: expected {{'role': ..., 'content': ...}}")
+    if "role" not in m and m.get("type") in TOOL_PARTS:  # a Responses API item
+        raise InputError(f"{where}: a {m['type']!r} item; tool calls and results are not trained on here: drop the row")
     if "role" not in m:  # another shape of message ({"from", "value"}, {"type", "data"})
         raise InputError(missing_key("role", m, where))
     if m.get("role") not in ROLES:
@@ -352,9 +369,14 @@ def checked_message(m, where: str) -> dict:
                 raise InputError(f"{where}: content[{k}] is a text part whose 'text' is not a string")
             if not text_part:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if isinstance(part, dict) and kind is None:  # Gemini's parts are keyed by kind
+                    kind = next((key for key in part if key in TOOL_PARTS), None)
                 drop = (
                     "the row (the answer would be trained without it)"
                     if kind in MEDIA_PARTS
+                    else "the row (tool calls and results are not trained on here; the answer after them would be "
+                    "trained on results the model never sees)"
+                    if kind in TOOL_PARTS
                     else "that part or the row"
                 )
                 raise InputError(

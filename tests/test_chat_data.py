@@ -168,6 +168,23 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
             "2: messages[2]: unknown role 'tool' (expected one of system, user, assistant); tool results are not "
             "trained on here: drop the row",
         ),
+        (  # Anthropic's: dropping the part would train the answer on a result the model never sees
+            '{"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [{"type": '
+            '"tool_use", "id": "t0", "name": "get_weather", "input": {}}]}, {"role": "user", "content": [{"type": '
+            '"tool_result", "tool_use_id": "t0", "content": "-3 C"}]}, {"role": "assistant", "content": "-3 C."}]}',
+            "2: messages[1]: content[0] is 'tool_use'; only text parts ({'type': 'text', 'text': ...}) can be "
+            "trained on here: drop the row (tool calls and results are not trained on here",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool_call", "content": "{}"}]}',
+            "2: messages[1]: unknown role 'tool_call' (expected one of system, user, assistant); tool calls are not "
+            "trained on here: drop the row",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "Weather?"}, {"type": "function_call", "call_id": "c0", '
+            '"name": "get_weather", "arguments": "{}"}]}',
+            "2: messages[1]: a 'function_call' item; tool calls and results are not trained on here: drop the row",
+        ),
         ("\x00\x00\x00\x00", "2: not valid JSON (Expecting value at column 1); only NUL or end-of-file (^Z) bytes"),
         (
             "{'messages': [{'role': 'user', 'content': 'Hi'}]}",
@@ -258,6 +275,9 @@ def test_without_assistant_only_every_token_is_a_target(tokenizer):
         "row-level-documents",
         "image-part",
         "tool-role",
+        "anthropic-tool-parts",
+        "ms-swift-tool-role",
+        "responses-api-item",
         "nul-tail",
         "python-repr",
         "nul-in-string",
