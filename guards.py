@@ -35,6 +35,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -527,23 +528,83 @@ def adapter_checksum(model) -> str:
     return h.hexdigest()[:16]
 
 
-def check_same_settings(settings: dict, identity: dict, may_differ: tuple[str, ...]) -> None:
+# Identity entries that are an input's content, by the setting that names it (a path that may differ by rank: a
+# node-local copy). One that differs is a copy that differs, not a setting: every rank may have the same environment.
+CONTENT_OF = {
+    "data_sha256": (("DATA_PATH",), "DATA_PATH's content differs", "the same file"),
+    "eval_sha256": (("EVAL_PATH",), "EVAL_PATH's content differs", "the same file"),
+    "model_weights_sha256": (("MODEL_ID",), "MODEL_ID's weights differ", "the same model files"),
+    "tokenizer_sha256": (("MODEL_ID",), "MODEL_ID's tokenizer differs", "the same model files and transformers"),
+    "model_config_sha256": (
+        ("MODEL_CONFIG", "MODEL_ID"),  # the first one set
+        "the model's config differs",
+        "the same model files and transformers",
+    ),
+}
+
+
+def check_same_settings(settings: dict, identity: dict, may_differ: tuple[str, ...], output_lock: dict | None) -> None:
     """The job's first collective: every rank's settings ({name: {"value", "source"}}) and run identity (data
     and model by content) all-gathered and compared, the same error on every rank if they differ. torchrun
     passes one environment to all ranks, but a per-node export or a wrapper can give one rank another
     MICRO_BATCH (a hang at the first collective that differs), LR or data (replicas that silently diverge).
-    Those named in `may_differ` are left out (paths to node-local copies, whose content the identity holds)."""
-    mine = {name: s["value"] for name, s in settings.items() if name not in may_differ}
-    mine.update(identity)
+    Those named in `may_differ` are left out (paths to node-local copies, whose content the identity holds).
+    `output_lock` is what this rank reads of the lock rank 0 took in OUTPUT_DIR before the group formed: a rank
+    that reads another (or none) writes, and would resume, in a folder rank 0 never sees."""
+    mine = {
+        "settings": {name: s["value"] for name, s in settings.items() if name not in may_differ},
+        "identity": identity,
+        "paths": {name: settings[name]["value"] for name in may_differ if name in settings},
+        "host": socket.gethostname(),
+        "output_dir": os.path.abspath(settings["OUTPUT_DIR"]["value"]),
+        "output_lock": output_lock,
+    }
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    differ = [name for name in mine if any(theirs.get(name) != mine[name] for theirs in every)]
+    if problems := differences_between_ranks(every):
+        raise InputError("; ".join(problems))
+
+
+def differences_between_ranks(every: list[dict]) -> list[str]:
+    """What differs between the ranks' views (check_same_settings, by rank), each with what to do: settings
+    (another environment), inputs' content (node-local copies), OUTPUT_DIR (node-local folders)."""
+    problems = []
+    values = [
+        {**view["settings"], **{k: v for k, v in view["identity"].items() if k not in CONTENT_OF}} for view in every
+    ]
+    differ = [name for name in values[0] if any(theirs.get(name) != values[0][name] for theirs in values)]
     if differ:
-        by_rank = "; ".join(f"{name}: {[theirs.get(name) for theirs in every]}" for name in differ[:4])
-        raise InputError(
+        by_rank = "; ".join(f"{name}: {[theirs.get(name) for theirs in values]}" for name in differ[:4])
+        problems.append(
             f"the ranks were started with different settings (by rank, {by_rank}"
             f"{f'; and {len(differ) - 4} more' if len(differ) > 4 else ''}): give every rank the same environment"
         )
+    for key, (names, what, same) in CONTENT_OF.items():
+        paths = [next((view["paths"][n] for n in names if view["paths"].get(n)), None) for view in every]
+        seen = [(path, view["identity"].get(key)) for path, view in zip(paths, every, strict=True)]
+        if len({content for _, content in seen}) > 1:
+            copies = {}  # (path, content) -> ranks
+            for rank, (path, content) in enumerate(seen):
+                copies.setdefault((path, content), []).append(rank)
+            by_rank = "; ".join(
+                f"{ranks}: {path or '(not set)'} ({f'sha256 {content[:12]}' if content else 'none'})"
+                for (path, content), ranks in copies.items()
+            )
+            problems.append(f"{what} between ranks (by rank: {by_rank}): give every node {same}")
+    if missing := [rank for rank, view in enumerate(every) if view["output_lock"] != every[0]["output_lock"]]:
+        where = {}  # (host, folder) -> ranks
+        for rank in missing:
+            where.setdefault((every[rank]["host"], every[rank]["output_dir"]), []).append(rank)
+        folder = every[0]["output_dir"]
+        ranks = ", ".join(
+            f"{ranks} (host {host}{f', at {path}' if path != folder else ''})" for (host, path), ranks in where.items()
+        )
+        problems.append(
+            f"OUTPUT_DIR {folder} is not one folder shared by every node: rank(s) {ranks} do not see rank 0's lock "
+            f"file (.lock) there; checkpoints and the adapter would exist only on rank 0's node and a resume could not "
+            f"find them: put OUTPUT_DIR on shared storage"
+        )
+    return problems
 
 
 def check_replicas_identical(model, step: int) -> str:

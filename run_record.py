@@ -515,6 +515,17 @@ def not_a_checkpoint(resume: str) -> str | None:
     return None
 
 
+def lock_holder(directory: str) -> dict | None:
+    """The holder of `directory`'s OutputLock as this process reads it (host, pid, start, process identity); None if
+    there is none, or none it can read. At the first collective every rank reads rank 0's there, unless its
+    OUTPUT_DIR is another folder (node-local)."""
+    try:
+        holder = json.loads((Path(directory) / ".lock").read_text())
+    except (OSError, ValueError):
+        return None  # vanished, or half-written by a job that died while taking it: stale either way
+    return holder if isinstance(holder, dict) and "pid" in holder else None  # not this script's: stale too
+
+
 def process_identity(pid: int) -> str | None:
     """What tells process `pid` apart from any other: its pid namespace (containers on one host may share its
     name, each numbering its own processes), this boot's id and the process's start time (clock ticks since
@@ -591,11 +602,7 @@ class OutputLock:
             aside.unlink(missing_ok=True)
 
     def holder(self) -> dict | None:
-        try:
-            holder = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None  # vanished, or half-written by a job that died while taking it: stale either way
-        return holder if isinstance(holder, dict) and "pid" in holder else None  # not this script's: stale too
+        return lock_holder(self.path.parent)
 
     def is_stale(self, holder: dict) -> bool:
         known, mine = holder.get("process"), self.me["process"]

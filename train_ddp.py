@@ -160,7 +160,8 @@ ALLOWED = {
 
 
 # Paths may differ between ranks (node-local copies: the data's and model's content is compared in the run
-# identity), and so may per-node resources; every other constant must be the same on every rank.
+# identity; OUTPUT_DIR must still be one folder: every rank must see rank 0's lock there), and so may per-node
+# resources; every other constant must be the same on every rank.
 MAY_DIFFER_BY_RANK = ("MODEL_ID", "MODEL_CONFIG", "DATA_PATH", "EVAL_PATH", "OUTPUT_DIR", "RESUME", "NUM_WORKERS")
 
 
@@ -268,8 +269,9 @@ def init_distributed(device: torch.device, output_dir: str, timeout_s: float) ->
             dist.init_process_group("gloo", timeout=backend_timeout(timeout_s))
     except dist.DistError as e:  # the store: a rank that never came, an address in use or unreachable
         raise InputError(
-            f"the process group of {world} ranks at {where} did not form: {str(e).splitlines()[0]} (every rank "
-            f"started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
+            f"the process group of {world} ranks at {where} did not form: {str(e).splitlines()[0]} (a rank may have "
+            f"stopped before joining: read every node's log for its error; else, every rank started with the same "
+            f"MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
         ) from None
     except RuntimeError as e:
         if "connectFullMesh" not in str(e):
@@ -817,9 +819,17 @@ def main() -> None:
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR, cfg.MEMORY_TARGET_GIB):
         if cfg.SAVE_ON_SIGTERM:
             stop.arm(watchdog)  # from here on a preemption saves first (torchrun waits 30 s before SIGKILL)
-        # The first collective compares what every rank read: one rank with another environment stops them all.
+        # The first collective compares what every rank read: one rank with another environment, another copy of
+        # the data or model, or another OUTPUT_DIR than rank 0's (rank 0's lock, taken before the group formed,
+        # is not there) stops them all.
         eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
-        guards.check_same_settings(run_config["settings"], {**identity, "eval_sha256": eval_sha256}, MAY_DIFFER_BY_RANK)
+        compared = {k: v for k, v in identity.items() if k != "by_path"}  # (it names MODEL_ID's path)
+        guards.check_same_settings(
+            run_config["settings"],
+            {**compared, "eval_sha256": eval_sha256},
+            MAY_DIFFER_BY_RANK,
+            run_record.lock_holder(cfg.OUTPUT_DIR),
+        )
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
         if already_complete(finished, cfg, total_steps, sum(epoch_steps), device):
             return

@@ -189,3 +189,111 @@ def test_out_of_memory_under_a_memory_target_asks_for_a_lower_one():
         "out of GPU memory (tried to allocate 2.00 GiB on a 139.80 GiB GPU): MEMORY_TARGET_GIB=130 was not low enough; "
         "MEMORY_TARGET_GIB=117 plans a smaller layout, or lower MAX_LEN"
     )
+
+
+# ---------------------------------------------------------------- the first collective: what every rank read
+MAY_DIFFER = ("MODEL_ID", "MODEL_CONFIG", "DATA_PATH", "EVAL_PATH", "OUTPUT_DIR")  # as train_ddp's, for these cases
+LOCK = {"host": "h0", "pid": 42, "started": "2026-01-01 00:00:00", "process": "pid:[1] boot 7"}  # rank 0's
+
+
+def rank_view(monkeypatch, host="h0", lock=LOCK, identity=None, **settings) -> dict:
+    """What check_same_settings all-gathers on a rank of host `host` that reads `lock` in its OUTPUT_DIR."""
+    values = {
+        "MODEL_ID": "/models/tiny",
+        "MODEL_CONFIG": "",
+        "DATA_PATH": "/shared/chat.jsonl",
+        "EVAL_PATH": "",
+        "OUTPUT_DIR": "/shared/out",
+        "LR": 2e-4,
+        **settings,
+    }
+    identity = {"data_sha256": "1fd511f8" * 8, "eval_sha256": "", "global_batch": 16, **(identity or {})}
+    gathered = []
+    monkeypatch.setattr(guards.socket, "gethostname", lambda: host)
+    monkeypatch.setattr(guards.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(
+        guards.dist, "all_gather_object", lambda every, mine: (gathered.append(mine), every.__setitem__(0, mine))
+    )
+    guards.check_same_settings(
+        {n: {"value": v, "source": "env"} for n, v in values.items()}, identity, MAY_DIFFER, lock
+    )
+    return gathered[0]
+
+
+def first_collective(views: list[dict]) -> str:
+    """The error every rank raises when the ranks read `views` (by rank); '' if none."""
+    problems = guards.differences_between_ranks(views)
+    return "; ".join(problems)
+
+
+def test_a_node_local_copy_that_differs_names_the_input_not_the_environment(monkeypatch):
+    """Every rank had the same environment; a node's copy of the data (or model) is another file: the line says
+    which input, where each rank read it, and that the nodes need the same file."""
+    stale = {"data_sha256": "5f37f57f" * 8}
+    views = [
+        rank_view(monkeypatch),
+        rank_view(monkeypatch, host="h1", DATA_PATH="/local/chat.jsonl", identity=stale),
+        rank_view(monkeypatch, host="h1", DATA_PATH="/local/chat.jsonl", identity=stale),
+    ]
+    assert first_collective(views) == (
+        "DATA_PATH's content differs between ranks (by rank: [0]: /shared/chat.jsonl (sha256 1fd511f81fd5); "
+        "[1, 2]: /local/chat.jsonl (sha256 5f37f57f5f37)): give every node the same file"
+    )
+    other_model = {"model_weights_sha256": "ab" * 32}
+    views = [
+        rank_view(monkeypatch, identity={"model_weights_sha256": "cd" * 32}),
+        rank_view(monkeypatch, identity=other_model),
+    ]
+    assert first_collective(views).startswith(
+        "MODEL_ID's weights differ between ranks (by rank: [0]: /models/tiny (sha256 cdcdcdcdcdcd); [1]: /models/tiny "
+        "(sha256 abababababab)): give every node the same model files"
+    )
+    # a copy of the same content elsewhere is fine: the paths may differ by node
+    views = [rank_view(monkeypatch), rank_view(monkeypatch, DATA_PATH="/local/chat.jsonl", MODEL_ID="/local/tiny")]
+    assert first_collective(views) == ""
+
+
+def test_settings_that_differ_keep_their_advice_beside_a_copy_that_differs(monkeypatch):
+    views = [
+        rank_view(monkeypatch),
+        rank_view(monkeypatch, LR=1e-3, EVAL_PATH="/local/eval.jsonl", identity={"eval_sha256": "ee" * 32}),
+    ]
+    assert first_collective(views) == (
+        "the ranks were started with different settings (by rank, LR: [0.0002, 0.001]): give every rank the same "
+        "environment; EVAL_PATH's content differs between ranks (by rank: [0]: (not set) (none); [1]: "
+        "/local/eval.jsonl (sha256 eeeeeeeeeeee)): give every node the same file"
+    )
+
+
+def test_a_rank_that_does_not_see_rank_0s_lock_has_another_output_dir(monkeypatch):
+    """OUTPUT_DIR may differ by node as a path, but must be one folder: a rank that reads no lock there (a
+    node-local folder), or another job's old one, is named with its host."""
+    others_lock = {**LOCK, "pid": 7, "host": "h2"}  # a killed job's, in a node-local folder
+    views = [
+        rank_view(monkeypatch),
+        rank_view(monkeypatch, host="h0"),  # rank 0's node: the same folder
+        rank_view(monkeypatch, host="h1", lock=None),
+        rank_view(monkeypatch, host="h1", lock=None),
+        rank_view(monkeypatch, host="h2", lock=others_lock, OUTPUT_DIR="/scratch/out"),
+    ]
+    assert first_collective(views) == (
+        "OUTPUT_DIR /shared/out is not one folder shared by every node: rank(s) [2, 3] (host h1), [4] (host h2, at "
+        "/scratch/out) do not see rank 0's lock file (.lock) there; checkpoints and the adapter would exist only on "
+        "rank 0's node and a resume could not find them: put OUTPUT_DIR on shared storage"
+    )
+    shared = [rank_view(monkeypatch), rank_view(monkeypatch, host="h1", OUTPUT_DIR="/mnt/shared/out")]  # another mount
+    assert first_collective(shared) == ""
+
+
+def test_every_rank_raises_what_the_first_collective_found(monkeypatch):
+    """check_same_settings raises, on each rank, the one line built from the same all-gathered views."""
+    theirs = rank_view(monkeypatch, host="h1", lock=None)
+    mine = rank_view(monkeypatch)
+    monkeypatch.setattr(guards.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(
+        guards.dist, "all_gather_object", lambda every, _: every.__setitem__(slice(None), [mine, theirs])
+    )
+    with pytest.raises(guards.InputError, match=r"^OUTPUT_DIR /shared/out is not one folder shared by every node: "):
+        guards.check_same_settings(
+            {n: {"value": v, "source": "env"} for n, v in {"OUTPUT_DIR": "/shared/out"}.items()}, {}, MAY_DIFFER, LOCK
+        )

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -570,15 +571,36 @@ def test_two_node_launch_on_one_machine_completes(tmp_path, data, reference):
     assert_bitwise_equal(adapter(out), adapter(reference))
 
 
+def node_local_output_dirs_stop_every_rank(data, node0: Path, node1: Path) -> None:
+    """Two "nodes", each with its own OUTPUT_DIR (a node-local folder): both ranks stop at the first collective
+    with the same line, naming the rank that does not see rank 0's lock (c10d puts rank 0 on either node)."""
+    nodes = Job.two_nodes(job_env(data, node0), job_env(data, node1))
+    assert all(node.wait(120) != 0 for node in nodes), "\n".join(node.output[-3000:] for node in nodes)
+    output = "".join(node.output for node in nodes)
+    lines = re.findall(r"^\[rank (\d)\] error: (.*)$", output, re.M)
+    assert sorted(rank for rank, _ in lines) == ["0", "1"] and lines[0][1] == lines[1][1], output[-3000:]
+    assert re.fullmatch(
+        rf"OUTPUT_DIR ({re.escape(str(node0))}|{re.escape(str(node1))}) is not one folder shared by every node: "
+        rf"rank\(s\) \[1\] \(host {re.escape(socket.gethostname())}, at ({re.escape(str(node0))}|"
+        rf"{re.escape(str(node1))})\) do not see rank 0's lock file \(\.lock\) there; checkpoints and the adapter "
+        r"would exist only on rank 0's node and a resume could not find them: put OUTPUT_DIR on shared storage",
+        lines[0][1],
+    ), lines[0][1]
+    for out in (node0, node1):  # not one step trained, nothing saved
+        assert not (out / "metrics.jsonl").exists() and not (out / "adapter").exists()
+
+
+def test_node_local_output_dirs_stop_every_rank_before_training(tmp_path, data):
+    """A fresh run: had it trained, checkpoints and the adapter would exist on rank 0's node only, and the
+    first resume (after a preemption, the steps since launch) would be refused."""
+    node_local_output_dirs_stop_every_rank(data, tmp_path / "node0", tmp_path / "node1")
+
+
 def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tmp_path, data, reference):
     # OUTPUT_DIR wrongly node-local: only node 0 sees a checkpoint, so ranks would resume from different steps
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     shutil.copytree(reference / "checkpoints" / "step-00000004", node0 / "checkpoints" / "step-00000004")
-    nodes = Job.two_nodes(job_env(data, node0), job_env(data, node1))
-    assert all(node.wait(120) != 0 for node in nodes)
-    for node in nodes:
-        assert "ranks disagree on the checkpoint to resume from" in node.output, node.output[-3000:]
-    assert not (node0 / "adapter").exists() and not (node1 / "adapter").exists()
+    node_local_output_dirs_stop_every_rank(data, node0, node1)
 
 
 def copy_checkpoints(reference, out):

@@ -549,8 +549,31 @@ def test_ranks_started_with_different_settings_stop_together_at_the_first_collec
     for rank, out in enumerate(ranks_started_by_hand(envs, 120, "the ranks train on, or wait, with other settings")):
         assert re.search(
             rf"^\[rank {rank}\] error: the ranks were started with different settings \(by rank, "
-            r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]; "
-            r"eval_sha256: \['[0-9a-f]{64}', '[0-9a-f]{64}'\]\): give every rank the same environment$",
+            r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]\): give every rank the same "
+            rf"environment; EVAL_PATH's content differs between ranks \(by rank: \[0\]: {re.escape(str(evals[0]))} "
+            rf"\(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(evals[1]))} \(sha256 [0-9a-f]{{12}}\)\): give every "
+            r"node the same file$",
+            out,
+            re.M,
+        ), out[-3000:]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # not one step trained
+
+
+def test_a_node_local_copy_of_the_data_that_differs_is_named_not_blamed_on_the_environment(tmp_path):
+    """Every rank has the same settings; rank 1's node holds its own copies of the data (one row short: stale)
+    and of the model (the same files at another path, which may differ by node). Both ranks stop at the first
+    collective naming DATA_PATH's content, each rank's file, and what to do; the model copy is not blamed."""
+    rows = SAMPLE_DATA.read_text().splitlines(keepends=True)
+    stale, model = tmp_path / "node1" / "chat.jsonl", tmp_path / "node1" / "tiny-gemma4"
+    shutil.copytree(TINY_MODEL, model)
+    stale.write_text("".join(rows[:-1]))
+    port, same = free_port(), {"OUTPUT_DIR": str(tmp_path / "out"), "NUM_WORKERS": "0", "MAX_LEN": "128"}
+    envs = [rank_env(0, port, **same), rank_env(1, port, **same, DATA_PATH=str(stale), MODEL_ID=str(model))]
+    for rank, out in enumerate(ranks_started_by_hand(envs, 120, "the ranks train on different data")):
+        assert re.search(
+            rf"^\[rank {rank}\] error: DATA_PATH's content differs between ranks \(by rank: \[0\]: "
+            rf"{re.escape(str(SAMPLE_DATA))} \(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(stale))} "
+            r"\(sha256 [0-9a-f]{12}\)\): give every node the same file$",
             out,
             re.M,
         ), out[-3000:]
@@ -615,8 +638,13 @@ def test_a_process_group_that_does_not_form_is_one_line(tmp_path, monkeypatch, f
             monkeypatch.setenv(name, value)
         with pytest.raises(
             InputError, match=rf"the process group of {world} ranks at 127\.0\.0\.1:{port} did not form"
-        ):
+        ) as e:
             T.init_distributed(torch.device("cpu"), str(tmp_path), timeout_s=3)
+    # a peer that never came may have failed before joining (its node-local input): its node's log says why
+    assert str(e.value).endswith(
+        "(a rank may have stopped before joining: read every node's log for its error; else, every rank started "
+        "with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
+    )
 
 
 def test_gloo_ranks_that_cannot_connect_after_a_torchrun_restart_are_one_line(tmp_path, monkeypatch):
