@@ -564,8 +564,8 @@ def training_text(tokenizer, messages: list[dict], chars: int | None = None) -> 
     render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
     messages, history = rendered_head(render, template_messages(tokenizer, messages), chars)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    places = marked_answer_places(render, tokenizer, messages, history, turns)
-    if places is None:  # the template alters the marks: each answer placed by rendering the chat up to it
+    places = marked_answer_places(render, tokenizer, messages, history, turns) if len(turns) > 2 else None
+    if places is None:  # few answers, or the template alters the marks: each placed by rendering up to it
         places = [answer_place(render, tokenizer, messages, history, i) for i in turns]
     pieces, answers, copied, shift = [], [], 0, 0  # characters of `history` taken so far; characters put in
     for i, (start, end, _, extra) in zip(turns, places, strict=True):
@@ -616,10 +616,9 @@ def marked_answer_places(render, tokenizer, messages: list[dict], history: str, 
     """answer_place() of every answer in `turns`, from one more rendering instead of three per answer (quadratic
     in turns, and Gemma 4's template costs about a millisecond a message): each message's text carries its number
     in marks before its first visible character, so the marks say where each text starts in `history`. None when
-    a text holds the mark or the template does not pass the marks through unchanged; the first and last answers
-    are placed by answer_place() as well, and anything else than the same places is None too."""
-    if not turns:
-        return []
+    a text holds the mark or the template does not pass the marks through unchanged, or an answer's text starts
+    as the generation prompt's addition does; the first and last answers are placed by answer_place() as well,
+    and anything else than the same places is None too."""
     if any(MARK in text_of(m) for m in messages):
         return None
     marked = render([{**m, "content": with_mark(m["content"], j)} for j, m in enumerate(messages)]).split(MARK)
@@ -633,6 +632,8 @@ def marked_answer_places(render, tokenizer, messages: list[dict], history: str, 
     for i in turns:
         end = history.rfind(END_OF_TURN, starts[i], starts[i + 1])
         if end < 0 or history[starts[i] - len(header) : starts[i]] != header:
+            return None
+        if extra and history.startswith(extra, starts[i]):  # answer_place would take it for the history's cue
             return None
         places.append((starts[i], end + len(END_OF_TURN), header, extra))
     same = places[0] == first and places[-1] == answer_place(render, tokenizer, messages, history, turns[-1])
@@ -756,7 +757,8 @@ def lengths_file(output_dir: str, data_sha256: str, tokenizer, max_len: int) -> 
     """Where ChatDataset.token_lengths are kept, named by what they depend on: the data, the tokenizer
     (tokenizer_sha256), MAX_LEN, and the code that makes a row's text (lengths an older version counted would
     overfill packed rows)."""
-    code = "".join(map(inspect.getsource, (training_text, rendered_head, answer_place, template_messages)))
+    makers = (training_text, rendered_head, answer_place, marked_answer_places, with_mark, template_messages)
+    code = "".join(map(inspect.getsource, (*makers, encode_head, head_settled, ChatDataset.token_lengths.func)))
     parts = [data_sha256, tokenizer_sha256(tokenizer), str(max_len), code]
     return Path(output_dir) / f"token_lengths-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 

@@ -572,7 +572,8 @@ def differences_between_ranks(every: list[dict]) -> list[str]:
     values = [
         {**view["settings"], **{k: v for k, v in view["identity"].items() if k not in CONTENT_OF}} for view in every
     ]
-    differ = [name for name in values[0] if any(theirs.get(name) != values[0][name] for theirs in values)]
+    names = dict.fromkeys(name for view in values for name in view)  # any rank's: one may run other code
+    differ = [name for name in names if any(theirs.get(name) != values[0].get(name) for theirs in values)]
     if differ:
         by_rank = "; ".join(f"{name}: {[theirs.get(name) for theirs in values]}" for name in differ[:4])
         problems.append(

@@ -777,6 +777,9 @@ def test_answers_are_placed_alike_from_the_marks_and_by_rendering_each_answer(to
         chat([{"type": "text", "text": " x"}, {"type": "text", "text": "y"}], "z")["messages"],
         chat("a \ue000 b", "c")["messages"],
     ]
+    thought = chat_data.answer_cue(tokenizer)[1]  # what the generation prompt adds: an answer may start so
+    rows = [*rows, [*chat("a", "b")["messages"], *chat("c", f"{thought}d")["messages"], *chat("e", "f")["messages"]]]
+    rows = [row * (1 if len(row) > 4 or row[0]["role"] == "system" else 3) for row in rows]  # 3+ answers: marked
     placed = Rendered(tokenizer, alter)
     for row in rows:
         with monkeypatch.context() as each_answer_rendered:

@@ -265,6 +265,15 @@ def test_settings_that_differ_keep_their_advice_beside_a_copy_that_differs(monke
     )
 
 
+def test_a_setting_only_a_later_rank_has_is_a_difference(monkeypatch):
+    """A rank running other code reads a constant rank 0 does not know: compared over every rank's names."""
+    views = [rank_view(monkeypatch), rank_view(monkeypatch, NEW_KNOB=1)]
+    assert first_collective(views) == (
+        "the ranks were started with different settings (by rank, NEW_KNOB: [None, 1]): give every rank the same "
+        "environment"
+    )
+
+
 def test_a_rank_that_does_not_see_rank_0s_lock_has_another_output_dir(monkeypatch):
     """OUTPUT_DIR may differ by node as a path, but must be one folder: a rank that reads no lock there (a
     node-local folder), or another job's old one, is named with its host."""
