@@ -546,17 +546,24 @@ def test_ranks_started_with_different_settings_stop_together_at_the_first_collec
         rank_env(0, port, **same, EVAL_PATH=str(evals[0])),
         rank_env(1, port, **same, EVAL_PATH=str(evals[1]), MICRO_BATCH="2", ACCUM_STEPS="4", LR="1e-3"),
     ]
-    for rank, out in enumerate(ranks_started_by_hand(envs, 120, "the ranks train on, or wait, with other settings")):
-        assert re.search(
-            rf"^\[rank {rank}\] error: the ranks were started with different settings \(by rank, "
-            r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]\): give every rank the same "
-            rf"environment; EVAL_PATH's content differs between ranks \(by rank: \[0\]: {re.escape(str(evals[0]))} "
-            rf"\(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(evals[1]))} \(sha256 [0-9a-f]{{12}}\)\): give every "
-            r"node the same file$",
-            out,
-            re.M,
-        ), out[-3000:]
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # not one step trained
+    every_rank_stops_untrained(
+        envs,
+        "the ranks train on, or wait, with other settings",
+        r"the ranks were started with different settings \(by rank, "
+        r"MICRO_BATCH: \[1, 2\]; ACCUM_STEPS: \[8, 4\]; LR: \[0\.0002, 0\.001\]\): give every rank the same "
+        rf"environment; EVAL_PATH's content differs between ranks \(by rank: \[0\]: {re.escape(str(evals[0]))} "
+        rf"\(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(evals[1]))} \(sha256 [0-9a-f]{{12}}\)\): give every "
+        r"node the same file",
+        tmp_path / "out",
+    )
+
+
+def every_rank_stops_untrained(envs: list[dict], hang: str, error: str, out: Path) -> None:
+    """Ranks started by hand with `envs` each end in one `error` line (a regex) at the first collective, and no
+    step is trained in `out` (`hang`: what a failure to stop would mean)."""
+    for rank, output in enumerate(ranks_started_by_hand(envs, 120, hang)):
+        assert re.search(rf"^\[rank {rank}\] error: {error}$", output, re.M), output[-3000:]
+    assert not (out / "metrics.jsonl").exists()  # not one step trained
 
 
 def test_a_node_local_copy_of_the_data_that_differs_is_named_not_blamed_on_the_environment(tmp_path):
@@ -569,15 +576,14 @@ def test_a_node_local_copy_of_the_data_that_differs_is_named_not_blamed_on_the_e
     stale.write_text("".join(rows[:-1]))
     port, same = free_port(), {"OUTPUT_DIR": str(tmp_path / "out"), "NUM_WORKERS": "0", "MAX_LEN": "128"}
     envs = [rank_env(0, port, **same), rank_env(1, port, **same, DATA_PATH=str(stale), MODEL_ID=str(model))]
-    for rank, out in enumerate(ranks_started_by_hand(envs, 120, "the ranks train on different data")):
-        assert re.search(
-            rf"^\[rank {rank}\] error: DATA_PATH's content differs between ranks \(by rank: \[0\]: "
-            rf"{re.escape(str(SAMPLE_DATA))} \(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(stale))} "
-            r"\(sha256 [0-9a-f]{12}\)\): give every node the same file$",
-            out,
-            re.M,
-        ), out[-3000:]
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # not one step trained
+    every_rank_stops_untrained(
+        envs,
+        "the ranks train on different data",
+        rf"DATA_PATH's content differs between ranks \(by rank: \[0\]: {re.escape(str(SAMPLE_DATA))} "
+        rf"\(sha256 [0-9a-f]{{12}}\); \[1\]: {re.escape(str(stale))} \(sha256 [0-9a-f]{{12}}\)\): give every node "
+        r"the same file",
+        tmp_path / "out",
+    )
 
 
 def test_more_ranks_on_a_node_than_gpus_stop_every_rank_there_alike(monkeypatch):
