@@ -2,6 +2,7 @@
 
 - InputError / OutputDirError / JobStopped: bad input, an OUTPUT_DIR that cannot be written, a guard's stop:
   expected failures, each one line, not a traceback.
+- FailuresBeforeGroup: a rank that fails before the process group forms ends the ranks that wait for it.
 - HangWatchdog: a collective stuck past the timeout ends the rank with a report (on NCCL too, where the
   wait is on the GPU); it beats in the rendezvous store, so peers can tell a dead process from a slow one.
 - GracefulStop: SIGTERM, Ctrl-C, SIGHUP or a lost launcher finish the step, checkpoint and exit 0.
@@ -146,6 +147,69 @@ def record_for_torchrun(error: BaseException, line: str | None = None) -> None:
         ErrorHandler().record_exception(error)
 
 
+def launch_store(name: str) -> dist.PrefixStore:
+    """A client of the store at MASTER_ADDR:MASTER_PORT (torchrun's agent's, or rank 0's once the group formed),
+    its keys under `name` and this launch attempt (a torchrun restart starts afresh)."""
+    attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+    )
+    return dist.PrefixStore(f"{name}/{attempt}/", client)
+
+
+# ----------------------------------------------------------------------------------------------
+# A rank that fails before the process group forms
+class FailuresBeforeGroup:
+    """Around everything before the process group forms. The ranks wait for each other there (init_process_group,
+    up to DIST_INIT_TIMEOUT_S): one that fails first (its node's copy of the data, a model or OUTPUT_DIR missing
+    on its node) would leave the others waiting that long. Under torchrun, whose agent serves its store before
+    the ranks start (TORCHELASTIC_USE_AGENT_STORE), the failing rank posts its line there; a waiting rank ends
+    with it (exit 2) GRACE_S after reading it, time for a rank with the same bad input to report its own line.
+    A store that stops answering (its node's agent exited) ends the waiting ranks too. Elsewhere (rank 0 opens
+    the store only as the group forms) nothing is posted, and the wait is DIST_INIT_TIMEOUT_S."""
+
+    POLL_S, GRACE_S = 1.0, 10.0
+
+    def __init__(self, rank: int, world: int, stop: "GracefulStop"):
+        self.rank, self.stop, self.ended = rank, stop, threading.Event()
+        self.store = None
+        if world > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            self.store = launch_store("failures-before-group")
+            threading.Thread(target=self._watch, daemon=True, name="failures-before-group").start()
+
+    def __enter__(self) -> "FailuresBeforeGroup":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        if isinstance(error, Exception) and self.store is not None and not self.ended.is_set():
+            self.ended.set()  # first: this rank's own watch must not end it with its own line
+            if isinstance(error, torch.OutOfMemoryError):
+                line = out_of_memory(str(error))
+            elif isinstance(error, InputError):
+                line = str(error)
+            else:
+                line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            with contextlib.suppress(RuntimeError, OSError):
+                self.store.set(
+                    str(self.store.add("count", 1)), f"rank {self.rank} failed before the group formed: {line}"
+                )
+        self.ended.set()  # formed (or this rank failed): nothing left to wait for
+
+    def _watch(self) -> None:
+        seen, since = None, None
+        while not self.ended.wait(self.POLL_S):
+            try:
+                if seen is None and self.store.add("count", 0):
+                    seen, since = self.store.get("1").decode(), time.monotonic()
+            except (RuntimeError, OSError):  # the agent that serves the store exited: the group cannot form
+                gone = "the rendezvous store stopped answering before the group formed (the torchrun agent serving it "
+                seen, since = seen or gone + "exited: its log says why)", -math.inf
+            if seen and time.monotonic() - since > self.GRACE_S and not self.ended.is_set():
+                to_stderr(f"[rank {self.rank}] error: {seen}")
+                record_for_torchrun(InputError(seen), seen)
+                self.stop.leave(2)
+
+
 # ----------------------------------------------------------------------------------------------
 # Stuck collectives, dead peers, a lost launcher
 class StepPosition:
@@ -189,11 +253,7 @@ class HangWatchdog(threading.Thread):
         self.rank, self.world, self.timeout_s, self.graceful = rank, world, timeout_s, stop
         self.position = StepPosition()
         self.grace_s = 0 if torch.cuda.is_available() else 5
-        attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        client = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
-        )
-        self.store = dist.PrefixStore(f"hang-watchdog/{attempt}/", client)
+        self.store = launch_store("hang-watchdog")
         self.store_gone = None  # how the store's host was found gone
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None  # torchrun's agent
         sharing = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"  # torchrun's agent lends its store

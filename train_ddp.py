@@ -752,69 +752,74 @@ def main() -> None:
     if "RANK" not in os.environ:
         say("not started by torchrun: training as one process. For N GPUs: torchrun --nproc_per_node=N train_ddp.py")
     rank, local_rank, world = rank_info()
-    device = rank_device(local_rank)
-
-    # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
-    #    before the first collective: bad input can never turn into a hang.
-    asked, asked_sources = checked_settings()  # as the user set them; the planner may replace some
-    settings.check_writable(asked.OUTPUT_DIR)
-    lock = run_record.OutputLock(asked.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
     stop = guards.GracefulStop()
-    stop.install(rank, lock)  # a stop signal ends the rank at once until it can checkpoint (stop.arm below)
-    cfg, sources = plan(asked, asked_sources, world, device)
-    tokenizer, conversations, eval_conversations = read_conversations(cfg)
-    if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
-        steps_per_epoch(len(conversations), world, cfg)
-    identity = run_record.identity(cfg, world, tokenizer_sha256=tokenizer_sha256(tokenizer))
-    kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
-    # Every rank counts the lengths; each node's first rank keeps them (so rank 0 alone sees whether it counts).
-    dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept, local_rank == 0)
-    eval_set = (
-        ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS) if eval_conversations else None
-    )
-    if kept is not None and not kept.exists():  # about 75 s per 100k rows on 2 cores: not a silent wait
-        say(f"packing: counting the token lengths of {len(conversations):,} rows, once (kept in {kept})")
-    epochs = [epoch_data(dataset, cfg, e) for e in range(cfg.EPOCHS)]  # with PACKING: each epoch packed once
-    epoch_steps = [steps_per_epoch(len(data), world, cfg) for data in epochs]
-    used = epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS  # samples (rows) per epoch; drop_last: the rest
-    say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
-    for warning in (
-        fields_left_out(tokenizer, conversations, cfg.DATA_PATH),
-        inline_reasoning(conversations, cfg.DATA_PATH),
-        held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH),
-    ):
-        if warning:
-            say(warning)
-    finished = run_record.finished(cfg, identity, epoch_steps)
-    resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, epoch_steps)
-    continued = Path(cfg.OUTPUT_DIR) / "adapter" if finished is not None else resume  # None: a fresh start
-    total_steps = run_record.last_step(cfg, epoch_steps, continued and run_record.progress_of(continued))
-    run_config = {
-        "settings": settings.record(cfg, sources, asked, asked_sources),
-        "versions": run_record.versions(device),
-        "identity": identity,
-        "world_size": world,
-        "resumed_from": resume and str(resume),
-    }
-    if rank == 0:  # the run's effective settings, printed once (saved with the run below, and in every checkpoint)
-        say(settings.show(run_config["settings"]))
+    # Until the process group forms, a rank that fails tells the ranks waiting for it (they end too).
+    with guards.FailuresBeforeGroup(rank, world, stop):
+        device = rank_device(local_rank)
+        # 1. Checks. Everything that can be wrong with the inputs fails here, identically on every rank and
+        #    before the first collective: bad input can never turn into a hang.
+        asked, asked_sources = checked_settings()  # as the user set them; the planner may replace some
+        settings.check_writable(asked.OUTPUT_DIR)
+        lock = run_record.OutputLock(asked.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
+        stop.install(rank, lock)  # a stop signal ends the rank at once until it can checkpoint (stop.arm below)
+        cfg, sources = plan(asked, asked_sources, world, device)
+        tokenizer, conversations, eval_conversations = read_conversations(cfg)
+        if not cfg.PACKING:  # data too few for one step (packed: once rows are known)
+            steps_per_epoch(len(conversations), world, cfg)
+        identity = run_record.identity(cfg, world, tokenizer_sha256=tokenizer_sha256(tokenizer))
+        kept = lengths_file(cfg.OUTPUT_DIR, identity["data_sha256"], tokenizer, cfg.MAX_LEN) if cfg.PACKING else None
+        # Every rank counts the lengths; each node's first rank keeps them (so rank 0 alone sees whether it counts).
+        dataset = ChatDataset(conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS, kept, local_rank == 0)
+        eval_set = (
+            ChatDataset(eval_conversations, tokenizer, cfg.MAX_LEN, cfg.ASSISTANT_ONLY_LOSS)
+            if eval_conversations
+            else None
+        )
+        if kept is not None and not kept.exists():  # about 75 s per 100k rows on 2 cores: not a silent wait
+            say(f"packing: counting the token lengths of {len(conversations):,} rows, once (kept in {kept})")
+        epochs = [epoch_data(dataset, cfg, e) for e in range(cfg.EPOCHS)]  # with PACKING: each epoch packed once
+        epoch_steps = [steps_per_epoch(len(data), world, cfg) for data in epochs]
+        used = (
+            epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS
+        )  # samples (rows) per epoch; drop_last: the rest
+        say(data_summary(dataset, epochs[0], used, cfg.DATA_PATH))
+        for warning in (
+            fields_left_out(tokenizer, conversations, cfg.DATA_PATH),
+            inline_reasoning(conversations, cfg.DATA_PATH),
+            held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH),
+        ):
+            if warning:
+                say(warning)
+        finished = run_record.finished(cfg, identity, epoch_steps)
+        resume = None if finished is not None else run_record.checkpoint_to_resume(cfg, identity, epoch_steps)
+        continued = Path(cfg.OUTPUT_DIR) / "adapter" if finished is not None else resume  # None: a fresh start
+        total_steps = run_record.last_step(cfg, epoch_steps, continued and run_record.progress_of(continued))
+        run_config = {
+            "settings": settings.record(cfg, sources, asked, asked_sources),
+            "versions": run_record.versions(device),
+            "identity": identity,
+            "world_size": world,
+            "resumed_from": resume and str(resume),
+        }
+        if rank == 0:  # the run's effective settings, printed once (saved with the run below, and in every checkpoint)
+            say(settings.show(run_config["settings"]))
 
-    # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
-    #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before anything creates a CUDA context: none stray on GPU 0
-    torch.manual_seed(cfg.SEED)
-    peft_model = add_lora(load_model(cfg, device), cfg)
-    torch.manual_seed(cfg.SEED + rank)
-    # the base weights join the run's identity once loaded (a hub model's files are only now in its cache)
-    identity["model_weights_sha256"] = None if cfg.MODEL_CONFIG else run_record.weights_sha256(cfg.MODEL_ID)
-    if resume is not None:
-        run_record.check_same_weights(resume, identity)
-    if rank == 0:
-        run_record.save_run_config(cfg.OUTPUT_DIR, run_config)
+        # 2. Model, adapters and gradient checkpointing, all BEFORE the DDP wrap. Same seed on every
+        #    rank while adapters are created; seed + rank afterwards (dropout masks differ per rank).
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # before anything creates a CUDA context: none stray on GPU 0
+        torch.manual_seed(cfg.SEED)
+        peft_model = add_lora(load_model(cfg, device), cfg)
+        torch.manual_seed(cfg.SEED + rank)
+        # the base weights join the run's identity once loaded (a hub model's files are only now in its cache)
+        identity["model_weights_sha256"] = None if cfg.MODEL_CONFIG else run_record.weights_sha256(cfg.MODEL_ID)
+        if resume is not None:
+            run_record.check_same_weights(resume, identity)
+        if rank == 0:
+            run_record.save_run_config(cfg.OUTPUT_DIR, run_config)
 
-    # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
-    init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)
+        # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
+        init_distributed(device, cfg.OUTPUT_DIR, cfg.DIST_INIT_TIMEOUT_S)
     watchdog = guards.HangWatchdog(rank, world, cfg.DIST_INIT_TIMEOUT_S, stop)
     with guards.failures_reported(watchdog, lock, cfg.OUTPUT_DIR, cfg.MEMORY_TARGET_GIB):
         if cfg.SAVE_ON_SIGTERM:

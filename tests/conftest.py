@@ -3,8 +3,10 @@
 Multi-rank tests run on gloo (CPU, what CI runs) and, where a case is parametrized with BACKENDS, on
 NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped without 2 CUDA devices."""
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from guards import kill_tree
+from guards import descendants, kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
@@ -35,7 +37,27 @@ BACKENDS = [
 def launch_env(backend: str = "gloo") -> dict:
     """gloo runs hide the GPUs (the job then picks gloo on CPU); NCCL runs keep them, one per rank."""
     hide = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
-    return {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **hide}
+    # PYTHONFAULTHANDLER: a job past its time prints every thread's stack on the SIGABRT of stacks_then_kill
+    quiet = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {**quiet, "PYTHONFAULTHANDLER": "1", **hide}
+
+
+def stacks_then_kill(proc: subprocess.Popen) -> str:
+    """A launch past its time: the launcher is paused (it would end the ranks as the first one dies), every
+    process below it (ranks, loader workers) prints its threads' Python stacks in turn (faulthandler takes
+    SIGABRT: launch_env turns it on), then the whole tree is killed. Returns the order of the stacks."""
+    order = []
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGSTOP)
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(OSError):
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-60:]
+                os.kill(pid, signal.SIGABRT)
+                order.append(f"pid {pid} ({command})")
+                time.sleep(1)  # one process's stacks at a time
+    kill_tree(proc)
+    return "stacks, in this order: " + "; ".join(order)
 
 
 @dataclass
@@ -104,9 +126,9 @@ def torchrun(
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
+        order = stacks_then_kill(proc)
         out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?)\n{out[-6000:]}")
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?); {order}\n{out[-12000:]}")
     return Launch(proc.returncode, out)
 
 

@@ -33,6 +33,7 @@ from conftest import (
     free_port,
     kill_tree,
     launch_env,
+    stacks_then_kill,
     torchrun,
 )
 from safetensors.torch import load_file, save_file
@@ -190,17 +191,33 @@ class Job:
             if self.proc.poll() is not None and not self.reader.is_alive():
                 pytest.fail(f"job exited ({self.proc.returncode}) before printing {text!r}:\n{self.output[-4000:]}")
             time.sleep(0.02)
-        self.kill()
-        pytest.fail(f"{text!r} not printed within {timeout}s:\n{self.output[-4000:]}")
+        order = stacks_then_kill(self.proc)
+        self.reader.join(10)
+        pytest.fail(f"{text!r} not printed within {timeout}s ({order}):\n{self.output[-8000:]}")
 
     def wait(self, timeout: float = 120) -> int:
+        return Job.wait_all([self], timeout)[0]
+
+    @staticmethod
+    def wait_all(jobs: list, timeout: float = 120) -> list[int]:
+        """Every job's exit code; one still running at `timeout` fails the test with every job's output and
+        the stacks of their processes (stacks_then_kill)."""
+        deadline = time.monotonic() + timeout
         try:
-            self.proc.wait(timeout)
+            for job in jobs:
+                job.proc.wait(max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"job did not finish within {timeout}s (hang?):\n{self.output[-4000:]}")
-        self.reader.join(10)
-        return self.proc.returncode
+            orders = [stacks_then_kill(job.proc) for job in jobs]
+            for job in jobs:
+                job.reader.join(10)
+            outputs = "\n".join(
+                f"--- launch {i}, {order}:\n{job.output[-16000:]}"
+                for i, (job, order) in enumerate(zip(jobs, orders, strict=True))
+            )
+            pytest.fail(f"not finished within {timeout}s (hang?); every process's stacks follow the output:\n{outputs}")
+        for job in jobs:
+            job.reader.join(10)
+        return [job.proc.returncode for job in jobs]
 
     def kill(self):
         """SIGKILL the launcher and every worker, as a preempted node would lose them."""
@@ -473,7 +490,7 @@ def test_killed_rank_ends_the_whole_job_within_the_timeout(tmp_path, data, backe
 def test_killed_rank_on_another_node_makes_the_survivor_exit_with_its_stack(tmp_path, data):
     # No common launcher stops the survivor here: its own failed collective has to.
     nodes = Job.two_nodes(job_env(data, tmp_path / "out", FAULT="die@2@1", EVAL_PATH=""))
-    codes = [node.wait(120) for node in nodes]
+    codes = Job.wait_all(nodes, 120)
     assert all(code != 0 for code in codes)
     dead = next(n for n in nodes if "failed (exitcode: 17)" in n.output)
     survivor = next(n for n in nodes if n is not dead)
@@ -489,7 +506,7 @@ def test_a_lost_rank_0_and_its_store_are_named_once_and_the_restarted_nodes_resu
     frames at most (each further call to the dead store would log another), and --max_restarts resumes the job."""
     env = job_env(data, tmp_path / "out", FAULT="die@2@0", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     nodes = Job.two_nodes(env, None, "--max_restarts=1")
-    assert [node.wait(240) for node in nodes] == [0, 0], [node.output[-3000:] for node in nodes]
+    assert Job.wait_all(nodes, 240) == [0, 0], [node.output[-3000:] for node in nodes]
     survivor = next(node.output for node in nodes if "[rank 1] rank 0 is gone" in node.output)
     assert "[rank 1] rank 0 is gone (the rendezvous store it holds does not answer: " in survivor, survivor[-3000:]
     assert "launcher" not in survivor and survivor.count("frame #0:") <= 1, survivor[-6000:]
@@ -564,7 +581,7 @@ def test_stuck_rank_on_nccl_ends_with_the_jobs_own_report(tmp_path, data, record
 def test_two_node_launch_on_one_machine_completes(tmp_path, data, reference):
     out = tmp_path / "out"  # shared by both "nodes", as OUTPUT_DIR on shared storage would be
     nodes = Job.two_nodes(job_env(data, out))
-    codes = [node.wait(180) for node in nodes]
+    codes = Job.wait_all(nodes, 180)
     assert codes == [0, 0], "\n".join(node.output[-3000:] for node in nodes)
     assert "identical on all 2 ranks" in "".join(node.output for node in nodes)
     # one rank per node computes exactly what one rank per process did on one node
@@ -575,7 +592,7 @@ def node_local_output_dirs_stop_every_rank(data, node0: Path, node1: Path) -> No
     """Two "nodes", each with its own OUTPUT_DIR (a node-local folder): both ranks stop at the first collective
     with the same line, naming the rank that does not see rank 0's lock (c10d puts rank 0 on either node)."""
     nodes = Job.two_nodes(job_env(data, node0), job_env(data, node1))
-    assert all(node.wait(120) != 0 for node in nodes), "\n".join(node.output[-3000:] for node in nodes)
+    assert all(code != 0 for code in Job.wait_all(nodes, 120)), "\n".join(node.output[-3000:] for node in nodes)
     output = "".join(node.output for node in nodes)
     lines = re.findall(r"^\[rank (\d)\] error: (.*)$", output, re.M)
     assert sorted(rank for rank, _ in lines) == ["0", "1"] and lines[0][1] == lines[1][1], output[-3000:]
@@ -601,6 +618,31 @@ def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tm
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     shutil.copytree(reference / "checkpoints" / "step-00000004", node0 / "checkpoints" / "step-00000004")
     node_local_output_dirs_stop_every_rank(data, node0, node1)
+
+
+@pytest.mark.parametrize("failing_node", [0, 1])  # node 0's agent serves the rendezvous store
+def test_a_node_whose_data_is_bad_ends_the_other_node_that_waits_for_it(tmp_path, data, failing_node):
+    """One node's copy of DATA_PATH has a broken row: its rank stops before the process group forms. The other
+    node's rank, waiting for it to join (up to DIST_INIT_TIMEOUT_S), ends within seconds with the failing rank's
+    line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(Path(data["DATA_PATH"]).read_text() + "{not json\n")
+    envs = [job_env(data, tmp_path / "out", DIST_INIT_TIMEOUT_S="600") for _ in range(2)]
+    envs[failing_node]["DATA_PATH"] = str(bad)
+    nodes = Job.two_nodes(*envs)
+    codes = Job.wait_all(nodes, 90)
+    output = "".join(node.output for node in nodes)
+    assert all(code != 0 for code in codes), output[-4000:]
+    failed = re.search(rf"^\[rank (\d)\] error: ({re.escape(str(bad))}:\d+: .*)$", nodes[failing_node].output, re.M)
+    assert failed, output[-4000:]
+    waiting = re.findall(r"^\[rank \d\] error: (.*)$", nodes[1 - failing_node].output, re.M)
+    assert len(waiting) == 1, output[-4000:]
+    said, posted = waiting[0], f"rank {failed[1]} failed before the group formed: {failed[2]}"
+    if failing_node == 1:
+        assert said == posted, output[-4000:]
+    else:  # its agent serves the store: gone with it, maybe before the line is read, or while the group forms
+        gone = "the rendezvous store stopped answering before the group formed (the torchrun agent serving it exited"
+        assert said == posted or said.startswith(gone) or "did not form" in said, output[-4000:]
 
 
 def copy_checkpoints(reference, out):
