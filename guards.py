@@ -256,8 +256,12 @@ class HangWatchdog(threading.Thread):
         self.store = launch_store("hang-watchdog")
         self.store_gone = None  # how the store's host was found gone
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None  # torchrun's agent
-        sharing = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"  # torchrun's agent lends its store
-        self.store_host = "the launcher" if sharing else "rank 0"
+        # whose process serves the store: torchrun's agent on the --rdzv-endpoint node (on another node, this
+        # rank's own launcher may live on), or rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or no torchrun)
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        self.store_host = (
+            "the launcher serving the rendezvous store (torchrun at --rdzv-endpoint)" if agent else "rank 0"
+        )
         self.stopped = threading.Event()
         self.reporting = threading.Event()  # the main thread reports a failure: beat on, but leave the exit to it
         self.posted = None

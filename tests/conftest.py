@@ -6,6 +6,7 @@ NCCL with one GPU per rank: the GPU lane, `python -m pytest -m gpu`, skipped wit
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,18 +47,21 @@ def stacks_then_kill(proc: subprocess.Popen) -> str:
     """A launch past its time: the launcher is paused (it would end the ranks as the first one dies), every
     process below it (ranks, loader workers) prints its threads' Python stacks in turn (faulthandler takes
     SIGABRT: launch_env turns it on), then the whole tree is killed. Returns the order of the stacks."""
-    order = []
+    order, native = [], []
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGSTOP)
         for pid in descendants(proc.pid):
+            if spy := shutil.which("py-spy"):  # where installed: the C frames too (which lock a thread waits on)
+                dump = subprocess.run([spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True)
+                native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-60:]
                 os.kill(pid, signal.SIGABRT)
                 order.append(f"pid {pid} ({command})")
                 time.sleep(1)  # one process's stacks at a time
     kill_tree(proc)
-    return "stacks, in this order: " + "; ".join(order)
+    return "stacks, in this order: " + "; ".join(order) + "".join(f"\n{d}" for d in native)
 
 
 @dataclass

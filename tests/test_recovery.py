@@ -1043,6 +1043,23 @@ def test_a_second_job_into_the_same_output_dir_is_refused_and_a_dead_jobs_lock_t
     assert not (out / ".lock").exists() and not list(out.glob(".lock*")), list(out.iterdir())  # nothing left
 
 
+def test_a_lost_store_host_is_named_as_such_on_the_node_whose_launcher_lives(tmp_path, data):
+    """Plain c10d: node 0's agent serves the rendezvous store. Killed, its own rank sees its launcher gone; node 1's
+    rank, whose launcher lives, names the store's (not "the launcher"). The agents look at their ranks once an hour:
+    node 1's would otherwise fail on the lost store too, ending its rank before the rank can tell."""
+    nodes = Job.two_nodes(job_env(data, tmp_path / "out", SAVE_EVERY="0", EPOCHS="8"), None, "--monitor-interval=3600")
+    nodes[0].wait_for("step 1 |")
+    nodes[0].proc.kill()
+    for node in nodes:
+        node.wait_for("is gone (", timeout=60)
+    said = [re.findall(r"^\[rank \d\] (.* is gone \(.*?\)): stopping", node.output, re.M) for node in nodes]
+    assert re.fullmatch(r"the launcher is gone \(its process \d+ exited\)", said[0][0]), said
+    assert said[1] == [
+        "the launcher serving the rendezvous store (torchrun at --rdzv-endpoint) is gone (the rendezvous store it "
+        "holds does not answer: DistNetworkError)"
+    ], nodes[1].output[-3000:]
+
+
 def test_a_node_whose_own_launcher_is_killed_stops_the_job_with_a_checkpoint(tmp_path, data):
     """Node 1's agent holds no store: its ranks see it gone as their parent's exit, and every rank stops."""
     out = tmp_path / "out"
