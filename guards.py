@@ -165,49 +165,61 @@ class FailuresBeforeGroup:
     on its node) would leave the others waiting that long. Under torchrun, whose agent serves its store before
     the ranks start (TORCHELASTIC_USE_AGENT_STORE), the failing rank posts its line there; a waiting rank ends
     with it (exit 2) GRACE_S after reading it, time for a rank with the same bad input to report its own line.
-    A store that stops answering (its node's agent exited) ends the waiting ranks too. Elsewhere (rank 0 opens
-    the store only as the group forms) nothing is posted, and the wait is DIST_INIT_TIMEOUT_S."""
+    A store that stops answering for GRACE_S (its node's agent exited) ends the waiting ranks too. Not watched:
+    with --max_restarts (torchrun restarts every node's ranks itself, and keys would outlive their round), and
+    where rank 0 opens the store only as the group forms; there the wait stays DIST_INIT_TIMEOUT_S."""
 
     POLL_S, GRACE_S = 1.0, 10.0
 
     def __init__(self, rank: int, world: int, stop: "GracefulStop"):
-        self.rank, self.stop, self.ended = rank, stop, threading.Event()
+        self.rank, self.stop, self.ended, self.lock = rank, stop, threading.Event(), threading.Lock()
         self.store = None
-        if world > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            self.store = launch_store("failures-before-group")
-            threading.Thread(target=self._watch, daemon=True, name="failures-before-group").start()
+        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        if world > 1 and not restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            with contextlib.suppress(RuntimeError, OSError):  # unreachable: init_process_group says so, in one line
+                self.store = launch_store("failures-before-group")
+                threading.Thread(target=self._watch, daemon=True, name="failures-before-group").start()
 
     def __enter__(self) -> "FailuresBeforeGroup":
         return self
 
     def __exit__(self, kind, error, tb) -> None:
-        if isinstance(error, Exception) and self.store is not None and not self.ended.is_set():
-            self.ended.set()  # first: this rank's own watch must not end it with its own line
-            if isinstance(error, torch.OutOfMemoryError):
-                line = out_of_memory(str(error))
-            elif isinstance(error, InputError):
-                line = str(error)
-            else:
-                line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            with contextlib.suppress(RuntimeError, OSError):
-                self.store.set(
-                    str(self.store.add("count", 1)), f"rank {self.rank} failed before the group formed: {line}"
-                )
-        self.ended.set()  # formed (or this rank failed): nothing left to wait for
+        with self.lock:  # the watch has ended this rank already, or never will
+            ended = self.ended.is_set()
+            self.ended.set()
+        if not isinstance(error, Exception) or self.store is None or ended:
+            return
+        if isinstance(error, torch.OutOfMemoryError):
+            line = out_of_memory(str(error))
+        elif isinstance(error, InputError):
+            line = str(error)
+        else:
+            line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(str(self.store.add("count", 1)), f"rank {self.rank} failed before the group formed: {line}")
 
     def _watch(self) -> None:
-        seen, since = None, None
+        seen, since, failing_since = None, None, None  # a peer's line, when read; since when the store is silent
         while not self.ended.wait(self.POLL_S):
             try:
                 if seen is None and self.store.add("count", 0):
                     seen, since = self.store.get("1").decode(), time.monotonic()
-            except (RuntimeError, OSError):  # the agent that serves the store exited: the group cannot form
-                gone = "the rendezvous store stopped answering before the group formed (the torchrun agent serving it "
-                seen, since = seen or gone + "exited: its log says why)", -math.inf
-            if seen and time.monotonic() - since > self.GRACE_S and not self.ended.is_set():
-                to_stderr(f"[rank {self.rank}] error: {seen}")
-                record_for_torchrun(InputError(seen), seen)
-                self.stop.leave(2)
+                failing_since = None
+            except (RuntimeError, OSError):  # the agent serving the store exited, or a blip: GRACE_S tells
+                failing_since = failing_since or time.monotonic()
+            gone = failing_since is not None and time.monotonic() - failing_since > self.GRACE_S
+            line = seen if seen and (gone or time.monotonic() - since > self.GRACE_S) else None
+            if gone and not line:
+                where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+                line = f"the rendezvous store at {where} stopped answering before the group formed (the torchrun "
+                line += "agent serving it exited: its log says why)"
+            if line:
+                with self.lock:
+                    if self.ended.is_set():
+                        return
+                    to_stderr(f"[rank {self.rank}] error: {line}")
+                    record_for_torchrun(InputError(line), line)
+                    self.stop.leave(2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,12 +268,11 @@ class HangWatchdog(threading.Thread):
         self.store = launch_store("hang-watchdog")
         self.store_gone = None  # how the store's host was found gone
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None  # torchrun's agent
-        # whose process serves the store: torchrun's agent on the --rdzv-endpoint node (on another node, this
-        # rank's own launcher may live on), or rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or no torchrun)
+        # whose process serves the store at MASTER_ADDR:MASTER_PORT: a torchrun agent (maybe on another node, this
+        # rank's own launcher living on), or rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or no torchrun)
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        self.store_host = (
-            "the launcher serving the rendezvous store (torchrun at --rdzv-endpoint)" if agent else "rank 0"
-        )
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        self.store_host = f"the launcher serving the rendezvous store at {where}" if agent else "rank 0"
         self.stopped = threading.Event()
         self.reporting = threading.Event()  # the main thread reports a failure: beat on, but leave the exit to it
         self.posted = None
