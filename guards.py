@@ -91,6 +91,15 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
     return None
 
 
+def error_line(e: BaseException) -> str:
+    """A failure in one line: bad input's message, a GPU out of memory with what to do, else its type and first line."""
+    if isinstance(e, InputError):
+        return str(e)
+    if isinstance(e, torch.OutOfMemoryError):
+        return out_of_memory(str(e))
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def gib(amount: str) -> float:
     """torch's '1.05 GiB' / '512.00 MiB' / '3.19 KiB' / '20 bytes' in GiB."""
     number, unit = amount.split()
@@ -189,14 +198,9 @@ class FailuresBeforeGroup:
             self.ended.set()
         if not isinstance(error, Exception) or self.store is None or ended:
             return
-        if isinstance(error, torch.OutOfMemoryError):
-            line = out_of_memory(str(error))
-        elif isinstance(error, InputError):
-            line = str(error)
-        else:
-            line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        line = f"rank {self.rank} failed before the group formed: {error_line(error)}"
         with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(str(self.store.add("count", 1)), f"rank {self.rank} failed before the group formed: {line}")
+            self.store.set(str(self.store.add("count", 1)), line)
 
     def _watch(self) -> None:
         seen, since, failing_since = None, None, None  # a peer's line, when read; since when the store is silent
@@ -578,7 +582,7 @@ def failure_report(e: Exception, watchdog: HangWatchdog, line: str | None) -> st
     if line:
         report = f"[rank {rank}] error: {line} ({watchdog.position})\n"
     else:
-        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        line = error_line(e)
         report = f"[rank {rank}] failed {watchdog.position}\n{traceback.format_exc()}"
         if stuck := watchdog.describe_failure():
             report += f"[rank {rank}] stuck in {stuck}\n"

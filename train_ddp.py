@@ -956,7 +956,7 @@ def run() -> None:
     try:
         main()
     except (InputError, torch.OutOfMemoryError) as e:
-        line = guards.out_of_memory(str(e)) if isinstance(e, torch.OutOfMemoryError) else str(e)
+        line = guards.error_line(e)
         guards.to_stderr(f"[rank {os.environ.get('RANK', 0)}] error: {line}")
         guards.record_for_torchrun(e, line)
         sys.exit(2)

@@ -51,10 +51,14 @@ def stacks_then_kill(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGSTOP)
+        spy = shutil.which("py-spy")  # where installed: the C frames too (which lock a thread waits on)
         for pid in descendants(proc.pid):
-            if spy := shutil.which("py-spy"):  # where installed: the C frames too (which lock a thread waits on)
-                dump = subprocess.run([spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True)
-                native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
+            if spy:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    dump = subprocess.run(
+                        [spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True, timeout=30
+                    )
+                    native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-60:]
                 os.kill(pid, signal.SIGABRT)
