@@ -59,6 +59,11 @@ class InputError(Exception):
     """Bad configuration or data. Raised identically on every rank before any collective."""
 
 
+class GroupNotFormed(InputError):
+    """The process group did not form: a rank stopped before joining (its line, where it posted one), the store's
+    host went away, or the ranks were started with addresses that do not meet."""
+
+
 class OutputDirError(RuntimeError):
     """OUTPUT_DIR could not be written (full, read-only, vanished): reported in one line, not a traceback."""
 
@@ -174,15 +179,16 @@ class FailuresBeforeGroup:
     on its node) would leave the others waiting that long. Under torchrun, whose agent serves its store before
     the ranks start (TORCHELASTIC_USE_AGENT_STORE), the failing rank posts its line there; a waiting rank ends
     with it (exit 2) GRACE_S after reading it, time for a rank with the same bad input to report its own line.
-    A store that stops answering for GRACE_S (its node's agent exited) ends the waiting ranks too. Not watched:
+    A store that stops answering for GRACE_S (its node's agent exited) ends the waiting ranks too; one whose group
+    failed to form meanwhile reports the line it read, the cause, not its own failure to form. Not watched:
     with --max_restarts (torchrun restarts every node's ranks itself, and keys would outlive their round), and
     where rank 0 opens the store only as the group forms; there the wait stays DIST_INIT_TIMEOUT_S."""
 
     POLL_S, GRACE_S = 1.0, 10.0
 
     def __init__(self, rank: int, world: int, stop: "GracefulStop"):
-        self.rank, self.stop, self.ended, self.lock = rank, stop, threading.Event(), threading.Lock()
-        self.store = None
+        self.rank, self.world, self.stop, self.ended, self.lock = rank, world, stop, threading.Event(), threading.Lock()
+        self.store, self.seen = None, None  # seen: the first line a peer posted, once read
         restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         if world > 1 and not restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             with contextlib.suppress(RuntimeError, OSError):  # unreachable: init_process_group says so, in one line
@@ -198,21 +204,30 @@ class FailuresBeforeGroup:
             self.ended.set()
         if not isinstance(error, Exception) or self.store is None or ended:
             return
+        if isinstance(error, GroupNotFormed):  # not a cause: the failing peer's line is, where it was read
+            if self.seen:
+                raise GroupNotFormed(self.seen) from None
+            return
         line = f"rank {self.rank} failed before the group formed: {error_line(error)}"
         with contextlib.suppress(RuntimeError, OSError):
             self.store.set(str(self.store.add("count", 1)), line)
+            # Linger until every rank posted, or the waiting ones had 2 polls to read this: this node's agent may
+            # serve the store, and it ends with this rank.
+            deadline = time.monotonic() + 2 * self.POLL_S
+            while self.store.add("count", 0) < self.world and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def _watch(self) -> None:
-        seen, since, failing_since = None, None, None  # a peer's line, when read; since when the store is silent
+        since, failing_since = None, None  # when a peer's line was read; since when the store is silent
         while not self.ended.wait(self.POLL_S):
             try:
-                if seen is None and self.store.add("count", 0):
-                    seen, since = self.store.get("1").decode(), time.monotonic()
+                if self.seen is None and self.store.add("count", 0):
+                    self.seen, since = self.store.get("1").decode(), time.monotonic()
                 failing_since = None
             except (RuntimeError, OSError):  # the agent serving the store exited, or a blip: GRACE_S tells
                 failing_since = failing_since or time.monotonic()
             gone = failing_since is not None and time.monotonic() - failing_since > self.GRACE_S
-            line = seen if seen and (gone or time.monotonic() - since > self.GRACE_S) else None
+            line = self.seen if self.seen and (gone or time.monotonic() - since > self.GRACE_S) else None
             if gone and not line:
                 where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
                 line = f"the rendezvous store at {where} stopped answering before the group formed (the torchrun "
@@ -222,7 +237,7 @@ class FailuresBeforeGroup:
                     if self.ended.is_set():
                         return
                     to_stderr(f"[rank {self.rank}] error: {line}")
-                    record_for_torchrun(InputError(line), line)
+                    record_for_torchrun(GroupNotFormed(line), line)
                     self.stop.leave(2)
 
 

@@ -268,7 +268,7 @@ def init_distributed(device: torch.device, output_dir: str, timeout_s: float) ->
         else:
             dist.init_process_group("gloo", timeout=backend_timeout(timeout_s))
     except dist.DistError as e:  # the store: a rank that never came, an address in use or unreachable
-        raise InputError(
+        raise guards.GroupNotFormed(
             f"the process group of {world} ranks at {where} did not form: {str(e).splitlines()[0]} (a rank may have "
             f"stopped before joining: read every node's log for its error; else, every rank started with the same "
             f"MASTER_ADDR, MASTER_PORT and WORLD_SIZE? a port no other job holds?)"
@@ -277,7 +277,7 @@ def init_distributed(device: torch.device, output_dir: str, timeout_s: float) ->
         if "connectFullMesh" not in str(e):
             raise
         again = " (a torchrun restart: on gloo it often fails so; running the command again resumes)"
-        raise InputError(  # seen after torchrun --max-restarts restarted a group on gloo, in plain torch too
+        raise guards.GroupNotFormed(  # seen after torchrun --max-restarts restarted a group on gloo, in plain torch too
             f"the process group of {world} ranks at {where} did not form: gloo could not connect the ranks "
             f"({str(e).splitlines()[0][:160]}){again if int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)) else ''}"
         ) from None

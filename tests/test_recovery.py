@@ -620,25 +620,26 @@ def test_nodes_that_see_different_checkpoints_stop_instead_of_desynchronising(tm
     node_local_output_dirs_stop_every_rank(data, node0, node1)
 
 
-def test_a_node_whose_data_is_bad_ends_the_other_node_that_waits_for_it(tmp_path, data):
-    """Node 1's copy of DATA_PATH has a broken row: its rank stops before the process group forms. Node 0's rank
-    (its agent serves the store), waiting for it to join (up to DIST_INIT_TIMEOUT_S), ends within seconds with the
-    failing rank's line."""
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_node_whose_data_is_bad_ends_the_other_node_that_waits_for_it(tmp_path, data, failing):
+    """Node `failing`'s copy of DATA_PATH has a broken row: its rank stops before the process group forms. The
+    other node's rank, waiting for it to join (up to DIST_INIT_TIMEOUT_S), ends within seconds with the failing
+    rank's line. Node 0's agent serves the store: when node 0 fails, the store goes with it, and the waiting rank's
+    own failure to form the group is not what it reports."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text(Path(data["DATA_PATH"]).read_text() + "{not json\n")
-    nodes = Job.two_nodes(
-        *(
-            job_env(data, tmp_path / "out", DIST_INIT_TIMEOUT_S="600", DATA_PATH=p)
-            for p in (data["DATA_PATH"], str(bad))
-        )
-    )
+    paths = [data["DATA_PATH"], data["DATA_PATH"]]
+    paths[failing] = str(bad)
+    nodes = Job.two_nodes(*(job_env(data, tmp_path / "out", DIST_INIT_TIMEOUT_S="600", DATA_PATH=p) for p in paths))
     codes = Job.wait_all(nodes, 90)
     output = "".join(node.output for node in nodes)
     assert all(code != 0 for code in codes), output[-4000:]
-    failed = re.search(rf"^\[rank (\d)\] error: ({re.escape(str(bad))}:\d+: .*)$", nodes[1].output, re.M)
+    failed = re.search(rf"^\[rank (\d)\] error: ({re.escape(str(bad))}:\d+: .*)$", nodes[failing].output, re.M)
     assert failed, output[-4000:]
-    waiting = re.findall(r"^\[rank \d\] error: (.*)$", nodes[0].output, re.M)
+    waiting = re.findall(r"^\[rank \d\] error: (.*)$", nodes[1 - failing].output, re.M)
     assert waiting == [f"rank {failed[1]} failed before the group formed: {failed[2]}"], output[-4000:]
+    if failing == 1:  # torchrun's summary (node 1's own agent, its rendezvous gone with node 0, ends in a traceback)
+        assert f"GroupNotFormed: {waiting[0]}" in nodes[0].output, output[-4000:]
 
 
 def copy_checkpoints(reference, out):
