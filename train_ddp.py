@@ -760,8 +760,10 @@ def main() -> None:
         #    before the first collective: bad input can never turn into a hang.
         asked, asked_sources = checked_settings()  # as the user set them; the planner may replace some
         settings.check_writable(asked.OUTPUT_DIR)
-        lock = run_record.OutputLock(asked.OUTPUT_DIR).acquire() if rank == 0 else None  # one job per OUTPUT_DIR
+        lock = run_record.OutputLock(asked.OUTPUT_DIR) if rank == 0 else None  # one job per OUTPUT_DIR
         stop.install(rank, lock)  # a stop signal ends the rank at once until it can checkpoint (stop.arm below)
+        if lock:  # taken once `stop` holds it: every exit from here on releases it
+            lock.acquire()
         cfg, sources = plan(asked, asked_sources, world, device)
         tokenizer, conversations, eval_conversations = read_conversations(cfg)
         if not cfg.PACKING:  # data too few for one step (packed: once rows are known)

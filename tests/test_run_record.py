@@ -377,6 +377,15 @@ def test_a_lock_left_by_a_dead_job_is_taken_over(tmp_path):
     assert not list(tmp_path.glob(".lock*"))  # the stale one too
 
 
+def test_releasing_a_lock_not_yet_taken_leaves_another_jobs_lock_alone(tmp_path):
+    """A rank's stop handler holds OUTPUT_DIR's lock before taking it (an exit while taking it must release it):
+    an exit before it is taken releases nothing, even while another job holds the folder."""
+    other = {"host": socket.gethostname(), "pid": os.getppid(), "started": "then"}  # a live job's
+    (tmp_path / ".lock").write_text(json.dumps(other))
+    run_record.OutputLock(str(tmp_path)).release()
+    assert run_record.lock_holder(str(tmp_path)) == other
+
+
 @pytest.mark.parametrize("text", ['{"host": "vm"}', "[1, 2]"], ids=["no-pid", "a-list"])
 def test_a_lock_file_not_written_by_this_script_is_stale(tmp_path, text):
     (tmp_path / ".lock").write_text(text)
