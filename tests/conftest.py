@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,29 +44,51 @@ def launch_env(backend: str = "gloo") -> dict:
     return {**quiet, "PYTHONFAULTHANDLER": "1", **hide}
 
 
-def stacks_then_kill(proc: subprocess.Popen) -> str:
-    """A launch past its time: the launcher is paused (it would end the ranks as the first one dies), every
-    process below it (ranks, loader workers) prints its threads' Python stacks in turn (faulthandler takes
-    SIGABRT: launch_env turns it on), then the whole tree is killed. Returns the order of the stacks."""
-    order, native = [], []
-    if proc.poll() is None:
+def stacks_then_kill(*launchers: subprocess.Popen) -> list[str]:
+    """Launches past their time: every launcher and every process below them (ranks, loader workers) is paused
+    first, so that none moves on (a launcher would end its ranks as the first one dies, a rank would time out on
+    a paused store). Where py-spy is installed, each process runs again in turn for `py-spy dump --native` (the C
+    frames too: which lock a thread waits on). Then each, deepest first (a rank's end kills its workers), prints
+    its threads' Python stacks: faulthandler (launch_env turns it on) takes a SIGABRT sent while it is paused,
+    before it runs one more line of Python. Then every tree is killed. Returns, for each launcher, its report."""
+    running = [proc for proc in launchers if proc.poll() is None]
+    trees = {proc.pid: [proc.pid, *descendants(proc.pid)] for proc in running}
+    for pid in (pid for tree in trees.values() for pid in tree):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGSTOP)
-        spy = shutil.which("py-spy")  # where installed: the C frames too (which lock a thread waits on)
-        for pid in descendants(proc.pid):
-            if spy:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    dump = subprocess.run(
-                        [spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True, timeout=30
-                    )
-                    native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
+            os.kill(pid, signal.SIGSTOP)
+    beside_python = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # a venv not activated
+    spy, reports = shutil.which("py-spy", path=beside_python), []
+    for proc in launchers:
+        order, native = [], []
+        below = list(reversed(trees.get(proc.pid, [])[1:]))
+        for pid in below if spy else []:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                os.kill(pid, signal.SIGCONT)  # py-spy cannot attach to a process paused by SIGSTOP
+                dump = subprocess.run(
+                    [spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True, timeout=30
+                )
+                native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        for pid in below:
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-60:]
                 os.kill(pid, signal.SIGABRT)
+                os.kill(pid, signal.SIGCONT)
                 order.append(f"pid {pid} ({command})")
-                time.sleep(1)  # one process's stacks at a time
-    kill_tree(proc)
-    return "stacks, in this order: " + "; ".join(order) + "".join(f"\n{d}" for d in native)
+                wait_until(lambda pid=pid: ended(pid), 10)  # one process's stacks at a time, written whole
+        reports.append("stacks, in this order: " + "; ".join(order) + "".join(f"\n{d}" for d in native))
+    for proc in launchers:
+        kill_tree(proc)
+    return reports
+
+
+def ended(pid: int) -> bool:
+    """The process is gone, or a zombie (its parent, paused, has not reaped it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
 
 
 @dataclass
@@ -128,16 +151,23 @@ def torchrun(
         *map(str, args),
     ]
     full_env = {**os.environ, **launch_env(backend), **(env or {})}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        order = stacks_then_kill(proc)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?); {order}\n{out[-12000:]}")
-    return Launch(proc.returncode, out)
+    # the output goes to a file, not a pipe: nobody reads a pipe while stacks_then_kill runs, and a full one
+    # would block the very processes printing their stacks
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            (report,) = stacks_then_kill(proc)
+            pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?); {report}\n{read(log)[-12000:]}")
+        return Launch(proc.returncode, read(log))
+
+
+def read(log) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def usage_error(main, argv: list, capsys) -> str:

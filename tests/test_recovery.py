@@ -191,7 +191,7 @@ class Job:
             if self.proc.poll() is not None and not self.reader.is_alive():
                 pytest.fail(f"job exited ({self.proc.returncode}) before printing {text!r}:\n{self.output[-4000:]}")
             time.sleep(0.02)
-        order = stacks_then_kill(self.proc)
+        (order,) = stacks_then_kill(self.proc)
         self.reader.join(10)
         pytest.fail(f"{text!r} not printed within {timeout}s ({order}):\n{self.output[-8000:]}")
 
@@ -207,7 +207,7 @@ class Job:
             for job in jobs:
                 job.proc.wait(max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
-            orders = [stacks_then_kill(job.proc) for job in jobs]
+            orders = stacks_then_kill(*(job.proc for job in jobs))
             for job in jobs:
                 job.reader.join(10)
             outputs = "\n".join(
