@@ -29,6 +29,7 @@ from its rank alone:
 import contextlib
 import ctypes
 import errno
+import faulthandler
 import functools
 import hashlib
 import json
@@ -725,18 +726,26 @@ def check_replicas_identical(model, step: int) -> str:
 class RankDataLoader(DataLoader):
     """A DataLoader whose workers live and die with this rank (bind_worker_to_rank). They are forked with SIGTERM
     blocked, so that every thread they start blocks it too: a thread started before worker_init_fn runs (an
-    OpenMP pool, after torch.set_num_threads in the rank) would otherwise take a group-wide SIGTERM and die."""
+    OpenMP pool, after torch.set_num_threads in the rank) would otherwise take a group-wide SIGTERM and die.
+
+    Forking a process with threads (gloo's, NCCL's, this module's) can wait forever on a lock another thread held
+    (seen, rarely, on 2 CPU cores: bench_results/fault-probes/session23-fork-hang.md). The fork holds the GIL, so
+    no Python thread can tell: faulthandler's own thread prints every thread's stack and ends the rank if starting
+    the workers takes START_TIMEOUT_S, instead of a job that waits silently (no collective is pending yet)."""
+
+    START_TIMEOUT_S = 120.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, worker_init_fn=loader_worker_init(os.getpid()), **kwargs)
 
     def __iter__(self):
-        if not hasattr(signal, "sigwaitinfo"):  # macOS: SIGTERM keeps its default action in the workers
-            return super().__iter__()
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the workers fork now
+        blocks = hasattr(signal, "sigwaitinfo")  # not on macOS: SIGTERM keeps its default action in the workers
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} if blocks else set())  # they fork now
+        faulthandler.dump_traceback_later(self.START_TIMEOUT_S, exit=True)
         try:
             return super().__iter__()
         finally:
+            faulthandler.cancel_dump_traceback_later()
             signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGTERM meanwhile reaches the rank now
 
 

@@ -3,6 +3,7 @@ group, ends when its own rank stops it, and dies with its rank."""
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,30 @@ def test_workers_die_with_their_rank():
     assert rank.wait(60) == 1 and len(pids) == 2
     assert wait_until(lambda: not any(alive(p) for p in pids), timeout=2.0), [p for p in pids if alive(p)]
     rank.stdout.close()
+
+
+STUCK_FORK = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import guards
+guards.RankDataLoader.START_TIMEOUT_S = 2
+os.register_at_fork(before=lambda: time.sleep(600))  # a fork that waits, as on a lock another thread holds
+next(iter(guards.RankDataLoader(range(100), num_workers=1)))
+"""
+
+
+def test_a_rank_whose_loader_cannot_fork_its_workers_ends_with_every_threads_stack():
+    """The fork holds the GIL while it waits: no Python thread (not HangWatchdog) can report, and before the loop's
+    first all-reduce no peer waits on a collective either. The job would wait silently forever."""
+    rank = subprocess.run(
+        [sys.executable, "-c", STUCK_FORK, str(Path(guards.__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rank.returncode == 1, rank.stderr[-2000:]
+    assert rank.stderr.startswith("Timeout (0:00:02)!\n"), rank.stderr[-2000:]
+    assert re.search(r'File ".*guards\.py", line \d+ in __iter__', rank.stderr), rank.stderr[-2000:]
 
 
 def test_a_report_reaches_stderr_in_one_write_with_its_newline(monkeypatch):
