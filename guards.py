@@ -180,8 +180,9 @@ class FailuresBeforeGroup:
     on its node) would leave the others waiting that long. Under torchrun, whose agent serves its store before
     the ranks start (TORCHELASTIC_USE_AGENT_STORE), the failing rank posts its line there; a waiting rank ends
     with it (exit 2) GRACE_S after reading it, time for a rank with the same bad input to report its own line.
-    A store that stops answering for GRACE_S (its node's agent exited) ends the waiting ranks too; one whose group
-    failed to form meanwhile reports the line it read, the cause, not its own failure to form. Not watched:
+    A store that stops answering for GRACE_S (its node's agent exited) ends the waiting ranks too. A rank that
+    read a line reports it, the cause, also when its own group fails to form first, or when its agent, losing the
+    store with the failed node, stops it with SIGTERM (GracefulStop asks end_with_peer_line). Not watched:
     with --max_restarts (torchrun restarts every node's ranks itself, and keys would outlive their round), and
     where rank 0 opens the store only as the group forms; there the wait stays DIST_INIT_TIMEOUT_S."""
 
@@ -195,6 +196,7 @@ class FailuresBeforeGroup:
             with contextlib.suppress(RuntimeError, OSError):  # unreachable: init_process_group says so, in one line
                 self.store = launch_store("failures-before-group")
                 threading.Thread(target=self._watch, daemon=True, name="failures-before-group").start()
+                stop.before_group = self
 
     def __enter__(self) -> "FailuresBeforeGroup":
         return self
@@ -203,15 +205,15 @@ class FailuresBeforeGroup:
         with self.lock:  # the watch has ended this rank already, or never will
             ended = self.ended.is_set()
             self.ended.set()
+        self.stop.before_group = None
         if not isinstance(error, Exception) or self.store is None or ended:
             return
-        if isinstance(error, GroupNotFormed):  # not a cause: the failing peer's line is, where it was read
-            if self.seen:
-                raise GroupNotFormed(self.seen) from None
-            return
+        if isinstance(error, GroupNotFormed) and self.seen:  # a peer's failure, read: the cause
+            raise GroupNotFormed(self.seen) from None
         line = f"rank {self.rank} failed before the group formed: {error_line(error)}"
         with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(str(self.store.add("count", 1)), line)
+            self.store.compare_set("1", "", line)  # the line first (the first one posted stays), then the count
+            self.store.add("count", 1)
             # Linger until every rank posted, or the waiting ones had 2 polls to read this: this node's agent may
             # serve the store, and it ends with this rank.
             deadline = time.monotonic() + 2 * self.POLL_S
@@ -234,12 +236,21 @@ class FailuresBeforeGroup:
                 line = f"the rendezvous store at {where} stopped answering before the group formed (the torchrun "
                 line += "agent serving it exited: its log says why)"
             if line:
-                with self.lock:
-                    if self.ended.is_set():
-                        return
-                    to_stderr(f"[rank {self.rank}] error: {line}")
-                    record_for_torchrun(GroupNotFormed(line), line)
-                    self.stop.leave(2)
+                self.end_with(line)
+                return
+
+    def end_with_peer_line(self) -> None:
+        """End this rank with the line a peer posted, if one was read."""
+        if self.seen:
+            self.end_with(self.seen)
+
+    def end_with(self, line: str) -> None:
+        """End this rank (exit 2) with `line`, unless the group formed or the rank ended meanwhile."""
+        with self.lock:
+            if not self.ended.is_set():
+                to_stderr(f"[rank {self.rank}] error: {line}")
+                record_for_torchrun(GroupNotFormed(line), line)
+                self.stop.leave(2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,6 +473,7 @@ class GracefulStop:
     def __init__(self):
         self.signal, self.requested, self.watchdog, self.at_boundary = None, None, None, threading.Event()
         self.rank, self.lock, self.handled, self.wakeup = None, None, [], -1  # set by install()
+        self.before_group = None  # the FailuresBeforeGroup watching until the group forms
 
     @property
     def reason(self) -> str | None:
@@ -514,6 +526,8 @@ class GracefulStop:
             if signum not in self.handled:
                 continue
             if self.watchdog is None:
+                if self.before_group:  # a peer failed before the group formed, its agent then stops this one
+                    self.before_group.end_with_peer_line()
                 to_stderr(f"[rank {self.rank}] {signal.Signals(signum).name}: exiting at once, without a checkpoint")
                 self.leave(128 + signum)
             if self.signal is None:
@@ -741,8 +755,10 @@ class RankDataLoader(DataLoader):
     def __iter__(self):
         blocks = hasattr(signal, "sigwaitinfo")  # not on macOS: SIGTERM keeps its default action in the workers
         before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} if blocks else set())  # they fork now
-        faulthandler.dump_traceback_later(self.START_TIMEOUT_S, exit=True)
         try:
+            if self.num_workers:
+                with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr with a file descriptor
+                    faulthandler.dump_traceback_later(self.START_TIMEOUT_S, exit=True, file=sys.__stderr__)
             return super().__iter__()
         finally:
             faulthandler.cancel_dump_traceback_later()

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,40 +47,49 @@ def launch_env(backend: str = "gloo") -> dict:
 def stacks_then_kill(*launchers: subprocess.Popen) -> list[str]:
     """Launches past their time: every launcher and every process below them (ranks, loader workers) is paused
     first, so that none moves on (a launcher would end its ranks as the first one dies, a rank would time out on
-    a paused store). Where py-spy is installed, each process runs again in turn for `py-spy dump --native` (the C
-    frames too: which lock a thread waits on). Then each, deepest first (a rank's end kills its workers), prints
-    its threads' Python stacks: faulthandler (launch_env turns it on) takes a SIGABRT sent while it is paused,
-    before it runs one more line of Python. Then every tree is killed. Returns, for each launcher, its report."""
+    a paused store or find its peer gone). Where py-spy is installed, each process of every launch runs again in
+    turn for `py-spy dump --native` (the C frames too: which lock a thread waits on; SPY_S in all). Then each,
+    deepest first (a rank's end kills its workers), prints its threads' Python stacks: faulthandler (launch_env
+    turns it on) takes a SIGABRT sent while it is paused, before it runs one more line of Python. Then every tree
+    is killed. Returns, for each launcher, its report."""
     running = [proc for proc in launchers if proc.poll() is None]
     trees = {proc.pid: [proc.pid, *descendants(proc.pid)] for proc in running}
+    below = {proc.pid: list(reversed(trees.get(proc.pid, [])[1:])) for proc in launchers}
     for pid in (pid for tree in trees.values() for pid in tree):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
     beside_python = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # a venv not activated
-    spy, reports = shutil.which("py-spy", path=beside_python), []
+    spy, native, deadline = shutil.which("py-spy", path=beside_python), {}, time.monotonic() + SPY_S
+    for pid in (pid for pids in below.values() for pid in pids) if spy else ():
+        left = deadline - time.monotonic()
+        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+            os.kill(pid, signal.SIGCONT)  # py-spy cannot attach to a process paused by SIGSTOP
+            dump = subprocess.run(
+                [spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True, timeout=left
+            )
+            native[pid] = f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        if time.monotonic() > deadline:
+            break
+    reports = []
     for proc in launchers:
-        order, native = [], []
-        below = list(reversed(trees.get(proc.pid, [])[1:]))
-        for pid in below if spy else []:
-            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-                os.kill(pid, signal.SIGCONT)  # py-spy cannot attach to a process paused by SIGSTOP
-                dump = subprocess.run(
-                    [spy, "dump", "--native", "-p", str(pid)], capture_output=True, text=True, timeout=30
-                )
-                native.append(f"--- py-spy, pid {pid}:\n{dump.stdout}{dump.stderr}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        for pid in below:
+        order = []
+        for pid in below[proc.pid]:
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-60:]
                 os.kill(pid, signal.SIGABRT)
                 os.kill(pid, signal.SIGCONT)
                 order.append(f"pid {pid} ({command})")
                 wait_until(lambda pid=pid: ended(pid), 10)  # one process's stacks at a time, written whole
-        reports.append("stacks, in this order: " + "; ".join(order) + "".join(f"\n{d}" for d in native))
+        dumps = "".join(f"\n{native[pid]}" for pid in below[proc.pid] if pid in native)
+        reports.append("stacks, in this order: " + "; ".join(order) + dumps)
     for proc in launchers:
         kill_tree(proc)
     return reports
+
+
+SPY_S = 90  # py-spy's time for every process of a hung test's launches together
 
 
 def ended(pid: int) -> bool:
@@ -151,23 +160,28 @@ def torchrun(
         *map(str, args),
     ]
     full_env = {**os.environ, **launch_env(backend), **(env or {})}
-    # the output goes to a file, not a pipe: nobody reads a pipe while stacks_then_kill runs, and a full one
-    # would block the very processes printing their stacks
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            (report,) = stacks_then_kill(proc)
-            pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?); {report}\n{read(log)[-12000:]}")
-        return Launch(proc.returncode, read(log))
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    # read all along by a thread: a pipe nobody read while stacks_then_kill runs would fill, and block the very
+    # processes printing their stacks
+    chunks, deadline = [], time.monotonic() + timeout
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read1(65536), b"")), daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        (report,) = stacks_then_kill(proc)
+        reader.join(10)
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s (hang?); {report}\n{joined(chunks)[-12000:]}")
+    reader.join(max(deadline - time.monotonic(), 5))  # the output ends when every process holding it has
+    if reader.is_alive():
+        pytest.fail(f"{' '.join(cmd)}: a process of the job outlived its launcher\n{joined(chunks)[-12000:]}")
+    return Launch(proc.returncode, joined(chunks))
 
 
-def read(log) -> str:
-    log.seek(0)
-    return log.read().decode(errors="replace")
+def joined(chunks: list[bytes]) -> str:
+    return b"".join(list(chunks)).decode(errors="replace")
 
 
 def usage_error(main, argv: list, capsys) -> str:

@@ -162,6 +162,85 @@ def test_a_hangup_stops_at_the_end_of_the_step_unless_the_job_ignores_it(nohup):
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
 
 
+class AgentStore:
+    """torchrun's agent store, served here: the environment a rank sees under torchrun (c10d, no restarts)."""
+
+    def __init__(self, monkeypatch):
+        self.server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.server.port), **AGENT}.items():
+            monkeypatch.setenv(name, value)
+
+    def posted(self) -> str:
+        """The first failure posted, as the waiting ranks read it."""
+        store = guards.launch_store("failures-before-group")
+        return store.get("1").decode() if store.add("count", 0) else ""
+
+
+AGENT = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "test", "TORCHELASTIC_MAX_RESTARTS": "0"}
+
+
+class Stop:  # what FailuresBeforeGroup asks of GracefulStop; leave() records instead of ending pytest
+    before_group, left = None, None
+
+    def leave(self, code: int) -> None:
+        self.left = code
+
+
+def failing_before_group(rank: int, error: Exception) -> None:
+    with pytest.raises(type(error)), guards.FailuresBeforeGroup(rank, 2, Stop()):
+        raise error
+
+
+def test_the_first_failure_before_the_group_forms_is_the_one_posted(monkeypatch):
+    store = AgentStore(monkeypatch)
+    failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))
+    failing_before_group(0, guards.InputError("data.jsonl:9: not valid JSON"))
+    assert store.posted() == "rank 1 failed before the group formed: data.jsonl:3: not valid JSON"
+
+
+def test_a_group_that_did_not_form_is_posted_unless_a_peers_failure_was_read(monkeypatch):
+    """Where NCCL fails to start on one node only, the others wait in NCCL's start, which has no timeout: the
+    failure is posted. Where a peer's failure was read, that is the cause, and it is what this rank reports."""
+    store = AgentStore(monkeypatch)
+    failing_before_group(1, guards.GroupNotFormed("the process group of 2 ranks did not form: NCCL error"))
+    line = "rank 1 failed before the group formed: the process group of 2 ranks did not form: NCCL error"
+    assert store.posted() == line
+    waiting = guards.FailuresBeforeGroup(0, 2, Stop())
+    assert wait_until(lambda: waiting.seen == line, timeout=10)
+    with pytest.raises(guards.GroupNotFormed) as reported, waiting:
+        raise guards.GroupNotFormed("the process group of 2 ranks did not form: connection reset")
+    assert str(reported.value) == line and waiting.stop.left is None
+
+
+STOPPED_BY_AGENT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import guards
+stop = guards.GracefulStop()
+stop.install(rank=0)
+waiting = guards.FailuresBeforeGroup(0, 2, stop)
+while waiting.seen is None:
+    time.sleep(0.1)
+print("read", flush=True)
+time.sleep(60)  # still loading the model when the agent, its store gone with the failed node, sends SIGTERM
+"""
+
+
+def test_a_rank_stopped_by_its_agent_after_a_peer_failed_reports_the_peers_line(monkeypatch):
+    store = AgentStore(monkeypatch)
+    failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))
+    rank = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_BY_AGENT, str(Path(guards.__file__).parent)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert rank.stdout.readline() == "read\n"
+    rank.send_signal(signal.SIGTERM)
+    assert rank.wait(10) == 2
+    assert rank.stderr.read() == f"[rank 0] error: {store.posted()}\n"
+
+
 def test_a_full_disk_without_a_file_name_and_a_killed_data_worker_are_one_line(tmp_path):
     """TensorBoard's writer reports a full disk without a file name, and the kernel's out-of-memory killer ends a
     DataLoader worker: each was a page of traceback with no cause named."""
