@@ -214,10 +214,10 @@ class FailuresBeforeGroup:
         with contextlib.suppress(RuntimeError, OSError):
             self.store.compare_set("1", "", line)  # the line first (the first one posted stays), then the count
             self.store.add("count", 1)
-            # Linger until every rank posted, or the waiting ones had 2 polls to read this: this node's agent may
-            # serve the store, and it ends with this rank.
-            deadline = time.monotonic() + 2 * self.POLL_S
-            while self.store.add("count", 0) < self.world and time.monotonic() < deadline:
+            # Linger until every rank posted or read a line (up to GRACE_S: a rank busy in C, starting CUDA, may
+            # not poll for seconds): this node's agent may serve the store, and it ends with this rank.
+            deadline = time.monotonic() + self.GRACE_S
+            while self.store.add("count", 0) + self.store.add("read", 0) < self.world and time.monotonic() < deadline:
                 time.sleep(0.1)
 
     def _watch(self) -> None:
@@ -226,6 +226,7 @@ class FailuresBeforeGroup:
             try:
                 if self.seen is None and self.store.add("count", 0):
                     self.seen, since = self.store.get("1").decode(), time.monotonic()
+                    self.store.add("read", 1)  # the failed rank waits for every rank's post or read
                 failing_since = None
             except (RuntimeError, OSError):  # the agent serving the store exited, or a blip: GRACE_S tells
                 failing_since = failing_since or time.monotonic()

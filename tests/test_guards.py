@@ -193,6 +193,7 @@ def failing_before_group(rank: int, error: Exception) -> None:
 
 def test_the_first_failure_before_the_group_forms_is_the_one_posted(monkeypatch):
     store = AgentStore(monkeypatch)
+    monkeypatch.setattr(guards.FailuresBeforeGroup, "GRACE_S", 0.5)  # nobody reads: the first post lingers
     failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))
     failing_before_group(0, guards.InputError("data.jsonl:9: not valid JSON"))
     assert store.posted() == "rank 1 failed before the group formed: data.jsonl:3: not valid JSON"
@@ -202,11 +203,12 @@ def test_a_group_that_did_not_form_is_posted_unless_a_peers_failure_was_read(mon
     """Where NCCL fails to start on one node only, the others wait in NCCL's start, which has no timeout: the
     failure is posted. Where a peer's failure was read, that is the cause, and it is what this rank reports."""
     store = AgentStore(monkeypatch)
-    failing_before_group(1, guards.GroupNotFormed("the process group of 2 ranks did not form: NCCL error"))
-    line = "rank 1 failed before the group formed: the process group of 2 ranks did not form: NCCL error"
-    assert store.posted() == line
     waiting = guards.FailuresBeforeGroup(0, 2, Stop())
-    assert wait_until(lambda: waiting.seen == line, timeout=10)
+    start = time.monotonic()
+    failing_before_group(1, guards.GroupNotFormed("the process group of 2 ranks did not form: NCCL error"))
+    assert time.monotonic() - start < 5  # the failed rank lingers until the other one read its line, not GRACE_S
+    line = "rank 1 failed before the group formed: the process group of 2 ranks did not form: NCCL error"
+    assert store.posted() == line and waiting.seen == line
     with pytest.raises(guards.GroupNotFormed) as reported, waiting:
         raise guards.GroupNotFormed("the process group of 2 ranks did not form: connection reset")
     assert str(reported.value) == line and waiting.stop.left is None
@@ -228,13 +230,13 @@ time.sleep(60)  # still loading the model when the agent, its store gone with th
 
 def test_a_rank_stopped_by_its_agent_after_a_peer_failed_reports_the_peers_line(monkeypatch):
     store = AgentStore(monkeypatch)
-    failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))
     rank = subprocess.Popen(
         [sys.executable, "-c", STOPPED_BY_AGENT, str(Path(guards.__file__).parent)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))  # lingers until rank 0 read it
     assert rank.stdout.readline() == "read\n"
     rank.send_signal(signal.SIGTERM)
     assert rank.wait(10) == 2
