@@ -208,8 +208,11 @@ class FailuresBeforeGroup:
         self.stop.before_group = None
         if not isinstance(error, Exception) or self.store is None or ended:
             return
-        if isinstance(error, GroupNotFormed) and self.seen:  # a peer's failure, read: the cause
-            raise GroupNotFormed(self.seen) from None
+        if isinstance(error, GroupNotFormed):  # a peer's failure is the cause: read it now if the watch had not
+            with contextlib.suppress(RuntimeError, OSError):
+                self._read_peer_line()
+            if self.seen:
+                raise GroupNotFormed(self.seen) from None
         line = f"rank {self.rank} failed before the group formed: {error_line(error)}"
         with contextlib.suppress(RuntimeError, OSError):
             self.store.compare_set("1", "", line)  # the line first (the first one posted stays), then the count
@@ -224,12 +227,11 @@ class FailuresBeforeGroup:
         since, failing_since = None, None  # when a peer's line was read; since when the store is silent
         while not self.ended.wait(self.POLL_S):
             try:
-                if self.seen is None and self.store.add("count", 0):
-                    self.seen, since = self.store.get("1").decode(), time.monotonic()
-                    self.store.add("read", 1)  # the failed rank waits for every rank's post or read
+                self._read_peer_line()
                 failing_since = None
             except (RuntimeError, OSError):  # the agent serving the store exited, or a blip: GRACE_S tells
                 failing_since = failing_since or time.monotonic()
+            since = since or (time.monotonic() if self.seen else None)
             gone = failing_since is not None and time.monotonic() - failing_since > self.GRACE_S
             line = self.seen if self.seen and (gone or time.monotonic() - since > self.GRACE_S) else None
             if gone and not line:
@@ -239,6 +241,13 @@ class FailuresBeforeGroup:
             if line:
                 self.end_with(line)
                 return
+
+    def _read_peer_line(self) -> None:
+        """Read the first line a peer posted, once, and count the read: the failed rank waits for every rank's
+        post or read."""
+        if self.seen is None and self.store.add("count", 0):
+            self.seen = self.store.get("1").decode()
+            self.store.add("read", 1)
 
     def end_with_peer_line(self) -> None:
         """End this rank with the line a peer posted, if one was read."""
@@ -746,7 +755,9 @@ class RankDataLoader(DataLoader):
     Forking a process with threads (gloo's, NCCL's, this module's) can wait forever on a lock another thread held
     (seen, rarely, on 2 CPU cores: bench_results/fault-probes/session23-fork-hang.md). The fork holds the GIL, so
     no Python thread can tell: faulthandler's own thread prints every thread's stack and ends the rank if starting
-    the workers takes START_TIMEOUT_S, instead of a job that waits silently (no collective is pending yet)."""
+    the workers takes START_TIMEOUT_S, instead of a job that waits silently (no collective is pending yet). That
+    exit is C's _exit: torchrun's summary has no line for it, and rank 0's OUTPUT_DIR lock stays (the next run on
+    this host takes it over at once, as its pid is gone; from another host after OutputLock.STALE_AFTER_S)."""
 
     START_TIMEOUT_S = 120.0
 
@@ -790,13 +801,20 @@ def exit_on_sigterm_from(rank_pid: int) -> None:
     os._exit(0)
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...); None once it is gone (Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, from the parent ids in /proc/*/stat (Linux)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the field after the state
-            children.setdefault(ppid, []).append(int(stat.parent.name))
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        if fields := proc_stat(int(pid_dir.name)):
+            children.setdefault(int(fields[1]), []).append(int(pid_dir.name))  # the field after the state: ppid
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])

@@ -554,30 +554,35 @@ class OutputLock:
     def __init__(self, directory: str):
         self.path = Path(directory) / ".lock"
         self.released = threading.Event()
+        self.guard = threading.Lock()  # a stop thread's release() waits for a take under way; none follows it
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.me["process"] = process_identity(os.getpid())
 
     def acquire(self) -> "OutputLock":
         """Take the lock (returns it), or raise InputError naming the job that holds it."""
         for _ in range(3):
-            try:
-                self._create()
-            except FileExistsError:
-                holder = self.holder()
-                if holder is not None and not self.is_stale(holder):
-                    raise InputError(
-                        f"{self.path.parent} is in use by another job (host {holder.get('host')}, "
-                        f"pid {holder.get('pid')}, started {holder.get('started')}): use another OUTPUT_DIR, or stop "
-                        f"that job. If it is dead (on another host, or in another container), delete {self.path}, or "
-                        f"wait: a lock unrefreshed for {self.STALE_AFTER_S // 60} minutes is taken over."
-                    ) from None
-                stale = self.path.with_name(f".lock.stale-{os.getpid()}")
-                try:  # stale: move it aside, then drop it; of two jobs racing for it, only one rename succeeds
-                    self.path.rename(stale)
-                    stale.unlink()
-                except FileNotFoundError:
-                    pass
-                continue
+            with self.guard:
+                if self.released.is_set():  # the job is stopping (a signal): it must not leave a lock behind
+                    raise InputError(f"the job was stopped before it took {self.path}")
+                try:
+                    self._create()
+                except FileExistsError:
+                    holder = self.holder()
+                    if holder is not None and not self.is_stale(holder):
+                        raise InputError(
+                            f"{self.path.parent} is in use by another job (host {holder.get('host')}, "
+                            f"pid {holder.get('pid')}, started {holder.get('started')}): use another OUTPUT_DIR, or "
+                            f"stop that job. If it is dead (on another host, or in another container), delete "
+                            f"{self.path}, or wait: a lock unrefreshed for {self.STALE_AFTER_S // 60} minutes is "
+                            "taken over."
+                        ) from None
+                    stale = self.path.with_name(f".lock.stale-{os.getpid()}")
+                    try:  # stale: move it aside, then drop it; of two jobs racing for it, only one rename succeeds
+                        self.path.rename(stale)
+                        stale.unlink()
+                    except FileNotFoundError:
+                        pass
+                    continue
             atexit.register(self.release)
             threading.Thread(target=self._refresh, daemon=True, name="output-lock").start()
             if cleared := remove_interrupted_saves(self.path.parent):
@@ -627,9 +632,10 @@ class OutputLock:
                 return
 
     def release(self) -> None:
-        self.released.set()
-        if self.holder() == self.me:
-            try:
-                self.path.unlink(missing_ok=True)
-            except OSError:  # read-only now: the lock stays, and the next job takes it over (its pid is gone)
-                pass
+        with self.guard:
+            self.released.set()
+            if self.holder() == self.me:
+                try:
+                    self.path.unlink(missing_ok=True)
+                except OSError:  # read-only now: the lock stays, and the next job takes it over (its pid is gone)
+                    pass

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from guards import descendants, kill_tree
+from guards import descendants, kill_tree, proc_stat
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "assets" / "tiny-gemma4"
@@ -81,7 +81,7 @@ def stacks_then_kill(*launchers: subprocess.Popen) -> list[str]:
                 os.kill(pid, signal.SIGABRT)
                 os.kill(pid, signal.SIGCONT)
                 order.append(f"pid {pid} ({command})")
-                wait_until(lambda pid=pid: ended(pid), 10)  # one process's stacks at a time, written whole
+                wait_until(lambda pid=pid: not alive(pid), 10)  # one process's stacks at a time, written whole
         dumps = "".join(f"\n{native[pid]}" for pid in below[proc.pid] if pid in native)
         reports.append("stacks, in this order: " + "; ".join(order) + dumps)
     for proc in launchers:
@@ -90,14 +90,6 @@ def stacks_then_kill(*launchers: subprocess.Popen) -> list[str]:
 
 
 SPY_S = 90  # py-spy's time for every process of a hung test's launches together
-
-
-def ended(pid: int) -> bool:
-    """The process is gone, or a zombie (its parent, paused, has not reaped it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    except OSError:
-        return True
 
 
 @dataclass
@@ -127,11 +119,9 @@ def wait_until(condition, timeout: float = 5.0) -> bool:
 
 
 def alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper has ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Running: not gone, and not a zombie (its parent, maybe paused, has not reaped it)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in "ZX"
 
 
 def torchrun(

@@ -214,6 +214,21 @@ def test_a_group_that_did_not_form_is_posted_unless_a_peers_failure_was_read(mon
     assert str(reported.value) == line and waiting.stop.left is None
 
 
+def test_a_rank_whose_group_failed_before_its_watch_polled_reports_the_peers_line(monkeypatch):
+    """The waiting rank's own group failed while its watch had not yet read the peer's line (its poll pending, or
+    in flight): it reported 'did not form', posted that, and the cause was lost on its node."""
+    store = AgentStore(monkeypatch)
+    monkeypatch.setattr(guards.FailuresBeforeGroup, "POLL_S", 60.0)  # the watch never polls in this test
+    monkeypatch.setattr(guards.FailuresBeforeGroup, "GRACE_S", 0.5)  # so the failed rank's linger ends unread
+    waiting = guards.FailuresBeforeGroup(0, 2, Stop())
+    failing_before_group(1, guards.InputError("data.jsonl:3: not valid JSON"))
+    with pytest.raises(guards.GroupNotFormed) as reported, waiting:
+        raise guards.GroupNotFormed("the process group of 2 ranks did not form: connection reset")
+    assert (
+        str(reported.value) == store.posted() == "rank 1 failed before the group formed: data.jsonl:3: not valid JSON"
+    )
+
+
 STOPPED_BY_AGENT = """
 import sys, time
 sys.path.insert(0, sys.argv[1])

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -384,6 +385,29 @@ def test_releasing_a_lock_not_yet_taken_leaves_another_jobs_lock_alone(tmp_path)
     (tmp_path / ".lock").write_text(json.dumps(other))
     run_record.OutputLock(str(tmp_path)).release()
     assert run_record.lock_holder(str(tmp_path)) == other
+
+
+def test_a_stop_while_the_lock_is_being_taken_leaves_no_lock(tmp_path, monkeypatch):
+    """A stop thread's release() read no holder while the main thread was taking the lock, which then stayed after
+    the exit (10 minutes for a rerun on another host): the release now waits for the take, and no take follows."""
+    linking, link = threading.Event(), os.link
+
+    def slow_link(source, target):  # the take, caught between writing the lock aside and linking it into place
+        linking.set()
+        time.sleep(0.5)
+        link(source, target)
+
+    monkeypatch.setattr(os, "link", slow_link)
+    lock = run_record.OutputLock(str(tmp_path))
+    taking = threading.Thread(target=lock.acquire)
+    taking.start()
+    assert linking.wait(5)
+    lock.release()  # as GracefulStop.leave() does, from its own thread
+    taking.join(5)
+    assert not list(tmp_path.glob(".lock*"))
+    with pytest.raises(InputError, match="stopped before it took"):
+        lock.acquire()
+    assert not list(tmp_path.glob(".lock*"))
 
 
 @pytest.mark.parametrize("text", ['{"host": "vm"}', "[1, 2]"], ids=["no-pid", "a-list"])
