@@ -76,8 +76,8 @@ class JobStopped(RuntimeError):
 
 def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) -> str | None:
     """The one line for an expected failure: a guard's stop, a GPU out of memory, a failure to use `output_dir`
-    (a save, the metrics, a trace), a full disk, a data worker killed (host memory); else None (a bug or a
-    broken peer: the traceback helps)."""
+    (a save, the metrics, a trace), a full disk, a data worker killed (host memory) or stuck; else None (a bug or
+    a broken peer: the traceback helps)."""
     if isinstance(e, (OutputDirError, JobStopped)):
         return str(e)
     if isinstance(e, torch.OutOfMemoryError):
@@ -93,6 +93,11 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
         return (
             f"a data loader worker was killed ({killed[0]}; SIGKILL, most often the kernel's out-of-memory "
             f"killer): lower NUM_WORKERS, or give the job more host memory"
+        )
+    if isinstance(e, RuntimeError) and (waited := re.search(r"DataLoader timed out after (\d+) seconds", str(e))):
+        return (
+            f"no micro-batch from this rank's data loader workers in {waited[1]} s (DIST_TIMEOUT_S): a worker is stuck "
+            "in the data (reading, tokenizing or collating a row); NUM_WORKERS=0 runs it in the rank, in its stacks"
         )
     return None
 

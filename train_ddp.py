@@ -119,7 +119,7 @@ class Config:
     SAVE_ON_SIGTERM: bool = True  # SIGTERM/Ctrl-C/SIGHUP: finish the step, checkpoint, exit 0 (0: die at once)
     NAN_POLICY: str = "skip"  # non-finite loss/grad on any rank: "skip" the update or "stop"
     DRIFT_CHECK_EVERY: int = 50  # compare adapter checksums across ranks (0: only at the end)
-    DIST_TIMEOUT_S: int = 300  # after step 1: a collective stuck this long ends the job with a report
+    DIST_TIMEOUT_S: int = 300  # after step 1: a collective stuck this long ends the job; a data worker: from the start
     DIST_INIT_TIMEOUT_S: int = 1800  # until step 1 is done (ranks load and compile at their own pace)
 
 
@@ -482,6 +482,7 @@ def train_loader(dataset, cfg: Config, rank: int, world: int, epoch: int, skip: 
         drop_last=True,
         collate_fn=collate,
         num_workers=cfg.NUM_WORKERS,
+        timeout=cfg.DIST_TIMEOUT_S if cfg.NUM_WORKERS else 0,  # a worker stuck in the data: an error, not a hang
         persistent_workers=False,
         pin_memory=torch.cuda.is_available(),
     )

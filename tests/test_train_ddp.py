@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +114,41 @@ def test_every_epoch_deals_the_rows_in_a_new_order():
         assert sorted(shards[0] + shards[1]) == list(range(32))
     for rank in (0, 1):
         assert by_epoch[0][rank] != by_epoch[1][rank], f"rank {rank} sees epoch 0's order again in epoch 1"
+
+
+class StuckAfterTwo(Indices):
+    """A dataset whose loader worker is stuck from its third sample on (a row that never finishes)."""
+
+    served = 0  # per worker process (forked)
+
+    def __getitem__(self, i):
+        StuckAfterTwo.served += 1
+        if StuckAfterTwo.served > 2:
+            time.sleep(600)
+        return super().__getitem__(i)
+
+
+def test_a_loader_worker_stuck_in_the_data_ends_the_rank_in_dist_timeout_s(tmp_path):
+    """With every rank's worker stuck the same way no rank enters a collective, so no watchdog could tell: the
+    job waited silently. The loader now raises after DIST_TIMEOUT_S, and the rank's report is one line."""
+    cfg = cpu_config(MICRO_BATCH=2, ACCUM_STEPS=1, NUM_WORKERS=1, GROUP_BY_LENGTH=False, DIST_TIMEOUT_S=1)
+    batches, outcome = iter(T.train_loader(StuckAfterTwo(16), cfg, 0, 1, 0, 0, None)), []
+    assert len(next(batches)) == 2
+
+    def take_next():
+        try:
+            next(batches)
+        except RuntimeError as e:
+            outcome.append(e)
+
+    waiting = threading.Thread(target=take_next, daemon=True)
+    waiting.start()
+    waiting.join(30)
+    assert outcome, "the rank still waits for its stuck worker after 30 s"
+    assert guards.one_line(outcome[0], str(tmp_path)) == (
+        "no micro-batch from this rank's data loader workers in 1 s (DIST_TIMEOUT_S): a worker is stuck in the data "
+        "(reading, tokenizing or collating a row); NUM_WORKERS=0 runs it in the rank, in its stacks"
+    )
 
 
 # ---------------------------------------------------------------- model
