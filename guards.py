@@ -87,17 +87,17 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
         return f"OUTPUT_DIR {out} cannot be read or written any more{'' if out.is_dir() else ' (it vanished)'}: {e}"
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # unnamed (TensorBoard's writer): most likely OUTPUT_DIR
         return f"no space left on a device (df -h {out} shows OUTPUT_DIR's): {e}"
-    if isinstance(e, RuntimeError) and (
-        killed := re.search(r"DataLoader worker \(pid \d+\) is killed by signal: Killed", str(e))
-    ):
+    # torch raises "exited unexpectedly" from the worker's own error when the rank was waiting for a batch
+    causes = " | ".join(str(c) for c in (e, e.__cause__) if isinstance(c, RuntimeError))
+    if killed := re.search(r"DataLoader worker \(pid \d+\) is killed by signal: Killed", causes):
         return (
             f"a data loader worker was killed ({killed[0]}; SIGKILL, most often the kernel's out-of-memory "
             f"killer): lower NUM_WORKERS, or give the job more host memory"
         )
-    if isinstance(e, RuntimeError) and (waited := re.search(r"DataLoader timed out after (\d+) seconds", str(e))):
+    if waited := re.search(r"DataLoader timed out after (\d+) seconds", causes):
         return (
             f"no micro-batch from this rank's data loader workers in {waited[1]} s (DIST_TIMEOUT_S): a worker is stuck "
-            "in the data (reading, tokenizing or collating a row); NUM_WORKERS=0 runs it in the rank, in its stacks"
+            "(their stacks are above: a lock held at the fork, or a row's reading, tokenizing or collating), or ended"
         )
     return None
 
@@ -195,6 +195,7 @@ class FailuresBeforeGroup:
 
     def __init__(self, rank: int, world: int, stop: "GracefulStop"):
         self.rank, self.world, self.stop, self.ended, self.lock = rank, world, stop, threading.Event(), threading.Lock()
+        self.reading = threading.Lock()  # the watch and __exit__ may both read: the read is counted once
         self.store, self.seen = None, None  # seen: the first line a peer posted, once read
         restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         if world > 1 and not restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -250,9 +251,10 @@ class FailuresBeforeGroup:
     def _read_peer_line(self) -> None:
         """Read the first line a peer posted, once, and count the read: the failed rank waits for every rank's
         post or read."""
-        if self.seen is None and self.store.add("count", 0):
-            self.seen = self.store.get("1").decode()
-            self.store.add("read", 1)
+        with self.reading:
+            if self.seen is None and self.store.add("count", 0):
+                self.seen = self.store.get("1").decode()
+                self.store.add("read", 1)
 
     def end_with_peer_line(self) -> None:
         """End this rank with the line a peer posted, if one was read."""
@@ -776,10 +778,25 @@ class RankDataLoader(DataLoader):
             if self.num_workers:
                 with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr with a file descriptor
                     faulthandler.dump_traceback_later(self.START_TIMEOUT_S, exit=True, file=sys.__stderr__)
-            return super().__iter__()
+            batches = super().__iter__()
         finally:
             faulthandler.cancel_dump_traceback_later()
             signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGTERM meanwhile reaches the rank now
+        return self.workers_stacks_on_timeout(batches) if self.timeout else batches
+
+    @staticmethod
+    def workers_stacks_on_timeout(batches):
+        """`batches`; on a timeout (no micro-batch in `timeout` s) each worker first prints its stacks (SIGUSR1,
+        bind_worker_to_rank), then the rank reports."""
+        try:
+            yield from batches
+        except RuntimeError as e:
+            if "DataLoader timed out" in str(e):
+                for worker in batches._workers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(worker.pid, signal.SIGUSR1)
+                time.sleep(1)  # the dumps, written by the workers' C handlers
+            raise
 
 
 def loader_worker_init(rank_pid: int):
@@ -791,6 +808,8 @@ def bind_worker_to_rank(rank_pid: int, worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # torchrun passes a hangup on to the rank's whole group
     signal.set_wakeup_fd(-1)  # a forked worker inherits the rank's wakeup pipe: its signals are not the rank's
+    with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr with a file descriptor
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # its rank timed out on it
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if hasattr(signal, "sigwaitinfo"):  # not on macOS: there SIGTERM keeps its default action

@@ -119,7 +119,7 @@ class Config:
     SAVE_ON_SIGTERM: bool = True  # SIGTERM/Ctrl-C/SIGHUP: finish the step, checkpoint, exit 0 (0: die at once)
     NAN_POLICY: str = "skip"  # non-finite loss/grad on any rank: "skip" the update or "stop"
     DRIFT_CHECK_EVERY: int = 50  # compare adapter checksums across ranks (0: only at the end)
-    DIST_TIMEOUT_S: int = 300  # after step 1: a collective stuck this long ends the job; a data worker: from the start
+    DIST_TIMEOUT_S: int = 300  # a collective stuck this long after step 1, or a wait for loader workers, ends the job
     DIST_INIT_TIMEOUT_S: int = 1800  # until step 1 is done (ranks load and compile at their own pace)
 
 

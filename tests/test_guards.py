@@ -272,6 +272,24 @@ def test_a_full_disk_without_a_file_name_and_a_killed_data_worker_are_one_line(t
     assert guards.one_line(RuntimeError("DataLoader worker (pid 7) exited unexpectedly"), "out") is None  # a bug
 
 
+class KilledWorker(list):
+    """A dataset whose loader worker is killed (as by the out-of-memory killer) at its second sample."""
+
+    def __getitem__(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+
+def test_a_worker_killed_while_the_rank_waits_for_its_batch_is_one_line():
+    """torch raises 'exited unexpectedly' from the worker's own error when the rank waits in next(): the line for a
+    killed worker was given only when the rank was elsewhere."""
+    with pytest.raises(RuntimeError) as waited:
+        list(guards.RankDataLoader(KilledWorker(range(4)), num_workers=1))
+    assert "exited unexpectedly" in str(waited.value)
+    assert guards.one_line(waited.value, "out").startswith("a data loader worker was killed (DataLoader worker (pid ")
+
+
 def test_an_out_of_memory_message_in_other_words_is_quoted_and_still_answered():
     """torch before 2.1 worded it otherwise: the line keeps what torch said, and the remedy stands."""
     said = "CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB already)"

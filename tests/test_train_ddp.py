@@ -128,10 +128,11 @@ class StuckAfterTwo(Indices):
         return super().__getitem__(i)
 
 
-def test_a_loader_worker_stuck_in_the_data_ends_the_rank_in_dist_timeout_s(tmp_path):
+def test_a_loader_worker_stuck_in_the_data_ends_the_rank_in_dist_timeout_s_with_its_stacks(tmp_path, capfd):
     """With every rank's worker stuck the same way no rank enters a collective, so no watchdog could tell: the
-    job waited silently. The loader now raises after DIST_TIMEOUT_S, and the rank's report is one line."""
-    cfg = cpu_config(MICRO_BATCH=2, ACCUM_STEPS=1, NUM_WORKERS=1, GROUP_BY_LENGTH=False, DIST_TIMEOUT_S=1)
+    job waited silently. The loader now raises after DIST_TIMEOUT_S, its workers print their stacks first, and the
+    rank's report is one line."""
+    cfg = cpu_config(MICRO_BATCH=2, ACCUM_STEPS=1, NUM_WORKERS=1, GROUP_BY_LENGTH=False, DIST_TIMEOUT_S=3)
     batches, outcome = iter(T.train_loader(StuckAfterTwo(16), cfg, 0, 1, 0, 0, None)), []
     assert len(next(batches)) == 2
 
@@ -146,9 +147,10 @@ def test_a_loader_worker_stuck_in_the_data_ends_the_rank_in_dist_timeout_s(tmp_p
     waiting.join(30)
     assert outcome, "the rank still waits for its stuck worker after 30 s"
     assert guards.one_line(outcome[0], str(tmp_path)) == (
-        "no micro-batch from this rank's data loader workers in 1 s (DIST_TIMEOUT_S): a worker is stuck in the data "
-        "(reading, tokenizing or collating a row); NUM_WORKERS=0 runs it in the rank, in its stacks"
+        "no micro-batch from this rank's data loader workers in 3 s (DIST_TIMEOUT_S): a worker is stuck (their stacks "
+        "are above: a lock held at the fork, or a row's reading, tokenizing or collating), or ended"
     )
+    assert re.search(r'File ".*test_train_ddp\.py", line \d+ in __getitem__', capfd.readouterr().err)
 
 
 # ---------------------------------------------------------------- model
