@@ -74,6 +74,9 @@ class JobStopped(RuntimeError):
     an expected failure, reported in one line, not a traceback."""
 
 
+LOADER_TIMED_OUT = re.compile(r"DataLoader timed out after (\d+) seconds")  # torch's message, on a loader's timeout
+
+
 def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) -> str | None:
     """The one line for an expected failure: a guard's stop, a GPU out of memory, a failure to use `output_dir`
     (a save, the metrics, a trace), a full disk, a data worker killed (host memory) or stuck; else None (a bug or
@@ -94,7 +97,7 @@ def one_line(e: BaseException, output_dir: str, memory_target_gib: float = 0.0) 
             f"a data loader worker was killed ({killed[0]}; SIGKILL, most often the kernel's out-of-memory "
             f"killer): lower NUM_WORKERS, or give the job more host memory"
         )
-    if waited := re.search(r"DataLoader timed out after (\d+) seconds", causes):
+    if waited := LOADER_TIMED_OUT.search(causes):
         return (
             f"no micro-batch from this rank's data loader workers in {waited[1]} s (DIST_TIMEOUT_S): a worker is stuck "
             "(their stacks are above: a lock held at the fork, or a row's reading, tokenizing or collating), or ended"
@@ -791,7 +794,7 @@ class RankDataLoader(DataLoader):
         try:
             yield from batches
         except RuntimeError as e:
-            if "DataLoader timed out" in str(e):
+            if LOADER_TIMED_OUT.search(str(e)):
                 for worker in batches._workers:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(worker.pid, signal.SIGUSR1)
