@@ -470,9 +470,9 @@ def stop_asked(stop: "GracefulStop | None") -> bool:
 
 
 class GracefulStop:
-    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C, a closed terminal (SIGHUP, which torchrun
-    passes on; left alone where it is ignored, as under nohup) or a lost launcher (HangWatchdog): every
-    rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.
+    """Preemption (SIGTERM, what clusters and torchrun send), Ctrl-C, Ctrl-\\ (SIGQUIT), a closed terminal (SIGHUP;
+    left alone where it is ignored, as under nohup; torchrun passes all four on) or a lost launcher (HangWatchdog):
+    every rank finishes its step (all learn of it in that step's last all-reduce), rank 0 checkpoints, all exit 0.
 
     A Python signal handler runs only when the main thread returns to Python, which a rank blocked in
     a collective (on NCCL, on the GPU) never does. So the signal is read from the interpreter's wakeup
@@ -511,12 +511,12 @@ class GracefulStop:
         self.requested = self.requested or reason
 
     def install(self, rank: int, lock=None) -> None:
-        """From here on SIGTERM, SIGINT and SIGHUP (unless ignored, as under nohup) are this object's; each ends
-        the rank at once until arm(). `lock`: rank 0's OUTPUT_DIR lock, released on every exit here."""
+        """From here on SIGTERM, SIGINT, SIGQUIT and SIGHUP (unless ignored, as under nohup) are this object's; each
+        ends the rank at once until arm(). `lock`: rank 0's OUTPUT_DIR lock, released on every exit here."""
         self.rank, self.lock = rank, lock
         read_end, self.wakeup = os.pipe()
         os.set_blocking(self.wakeup, False)
-        self.handled = [signal.SIGTERM, signal.SIGINT] + [signal.SIGHUP] * (
+        self.handled = [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT] + [signal.SIGHUP] * (
             signal.getsignal(signal.SIGHUP) != signal.SIG_IGN
         )
         threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="graceful-stop").start()
@@ -810,6 +810,7 @@ def loader_worker_init(rank_pid: int):
 def bind_worker_to_rank(rank_pid: int, worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # torchrun passes a hangup on to the rank's whole group
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # and Ctrl-\ (SIGQUIT) likewise
     signal.set_wakeup_fd(-1)  # a forked worker inherits the rank's wakeup pipe: its signals are not the rank's
     with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr with a file descriptor
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # its rank timed out on it

@@ -322,25 +322,41 @@ def final_adapter(run, current: dict) -> tuple[Path, list[str], dict] | None:
     """OUTPUT_DIR's final adapter if it is intact: its folder, how its run differs from this one (identity
     `current`), and the progress it reached; None if there is none."""
     adapter = Path(run.OUTPUT_DIR) / "adapter"
-    if not (adapter / "run.json").is_file() or damage(adapter, ADAPTER_FILES) is not None:
+    if not adapter.exists() or adapter_problem(adapter) is not None:
         return None
     saved = json.loads((adapter / "run.json").read_text())
     return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]
 
 
-def last_step(run, epoch_steps: list[int], progress: dict | None = None) -> int:
-    """The step a train_ddp.py run (`run`: its Config; `epoch_steps`: the optimizer steps each of its EPOCHS holds
-    on the current data) ends at when it continues `progress` (a checkpoint's or an adapter's; None: a fresh
-    start): the steps taken before the epoch it is in, then the current data's for that epoch and the rest. The
-    data may have changed at an epoch boundary (RESUME_ALLOW_CHANGES): the epochs done keep the steps they had.
-    MAX_STEPS caps it."""
+def adapter_problem(adapter: Path) -> str | None:
+    """Why OUTPUT_DIR's `adapter` is not a final adapter this script saved, as it saved it (None: it is one)."""
+    if not (adapter / "run.json").is_file():
+        return "no run.json: not saved by train_ddp.py"
+    return damage(adapter, ADAPTER_FILES)
+
+
+def last_step(run, epoch_steps, progress: dict | None = None) -> int:
+    """The step a train_ddp.py run (`run`: its Config; `epoch_steps[e]`: the optimizer steps epoch e holds on the
+    current data) ends at when it continues `progress` (a checkpoint's or an adapter's; None: a fresh start): the
+    steps taken before the epoch it is in, then the current data's for that epoch and the rest. The data may have
+    changed at an epoch boundary (RESUME_ALLOW_CHANGES): the epochs done keep the steps they had. MAX_STEPS caps
+    it."""
     progress = progress or {"step": 0, "epoch": 0}
     done = progress["step"] - progress.get("step_in_epoch", 0)
-    planned = done + sum(epoch_steps[progress["epoch"] :])
-    return min(run.MAX_STEPS, planned) if run.MAX_STEPS else planned
+    return steps_reached(epoch_steps, range(progress["epoch"], run.EPOCHS), done, run.MAX_STEPS)
 
 
-def finished(run, current: dict, epoch_steps: list[int]) -> str | None:
+def steps_reached(epoch_steps, epochs: range, start: int, cap: int) -> int:
+    """`start` plus the steps of `epochs` (epoch_steps[e] each), up to `cap` (0: none). Epochs past the cap are
+    not read: EPOCHS may be far more than MAX_STEPS lets a run reach, and with PACKING an epoch read is packed."""
+    for epoch in epochs:
+        if cap and start >= cap:
+            break
+        start += epoch_steps[epoch]
+    return min(start, cap) if cap else start
+
+
+def finished(run, current: dict, epoch_steps) -> str | None:
     """For a train_ddp.py run (`run`: its Config, read by constant name; identity `current`; `epoch_steps` as
     last_step() takes them) with RESUME=auto: None if it has steps left; else "" when OUTPUT_DIR holds its
     complete adapter, or a note when the data differ from those it was trained on (the run is complete all the
@@ -360,19 +376,20 @@ def checkpoints_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("step-*") if re.fullmatch(r"step-\d{8}", p.name))
 
 
-def how_to_train_longer(run, total_steps: int, epochs_steps: int) -> str:
-    """For a complete run (`run`: train_ddp.py's Config; `epochs_steps`: the steps its EPOCHS hold): the settings
-    that end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in OUTPUT_DIR to continue (a run
-    MAX_STEPS ended mid-epoch leaves only its adapter), that training longer starts over."""
+def how_to_train_longer(run, total_steps: int, epoch_steps) -> str:
+    """For a complete run (`run`: train_ddp.py's Config; `epoch_steps` as last_step() takes them): the settings that
+    end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in OUTPUT_DIR to continue (a run MAX_STEPS
+    ended mid-epoch leaves only its adapter), that training longer starts over."""
     folder = Path(run.OUTPUT_DIR) / "checkpoints"
     if not checkpoints_in(folder):
         return f"it left no checkpoint to continue in {folder}: training longer starts over, with RESUME=''"
-    ends = ["a larger MAX_STEPS"] if run.MAX_STEPS and run.MAX_STEPS <= epochs_steps else []
-    ends += ["more EPOCHS"] if total_steps >= epochs_steps else []
+    held = steps_reached(epoch_steps, range(run.EPOCHS), 0, total_steps + 1)  # by EPOCHS: more than it took?
+    ends = ["a larger MAX_STEPS"] if run.MAX_STEPS and run.MAX_STEPS <= held else []
+    ends += ["more EPOCHS"] if total_steps >= held else []
     return f"to train longer, {' and '.join(ends)} with RESUME_ALLOW_CHANGES=1"
 
 
-def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | None:
+def checkpoint_to_resume(run, current: dict, epoch_steps) -> Path | None:
     """The checkpoint a train_ddp.py run (`run`: its Config, read by constant name; identity `current`;
     `epoch_steps` as last_step() takes them; asked once finished() says it is not complete) continues: RESUME's
     path or, with "auto", the newest intact one in OUTPUT_DIR (damaged newer ones are named and skipped); None for
@@ -394,6 +411,13 @@ def checkpoint_to_resume(run, current: dict, epoch_steps: list[int]) -> Path | N
                 raise InputError(
                     f"every checkpoint in {found[0].parent} is damaged (newest: {damaged[found[0]]}); "
                     f"move them away, or start fresh with RESUME=''"
+                )
+            folder = Path(run.OUTPUT_DIR) / "adapter"
+            if folder.exists() and (problem := adapter_problem(folder)) is not None:
+                raise InputError(
+                    f"{folder} is not a final adapter of this script's ({problem}) and {folder.parent / 'checkpoints'} "
+                    f"holds no checkpoint to continue: train from scratch with RESUME='' (it is moved aside, into "
+                    f"checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
                 )
             if (adapter := final_adapter(run, current)) is not None:
                 folder, changes, progress = adapter
@@ -461,8 +485,9 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
     """Rank 0, once every rank holds the step this run starts from (0: a fresh start; `resumed`: the checkpoint
     it came from, never moved). Checkpoints in OUTPUT_DIR/checkpoints past that step, and a final adapter past
     it, belong to another line of training (an earlier run, or the steps a rollback undoes): RESUME=auto would
-    continue them, or call the run complete, rather than continue this one. They are moved, not deleted, into
-    checkpoints/set-aside-<time>/. Returns the line that says so, or None."""
+    continue them, or call the run complete, rather than continue this one. An OUTPUT_DIR/adapter this script
+    did not save as it is (another tool's, or edited since) would be replaced by this run's. They are moved, not
+    deleted, into checkpoints/set-aside-<time>/. Returns the line that says so, or None."""
 
     def step(folder: Path) -> int:  # -1: not a save of this script's naming, or unreadable: left where it is
         if folder.name == "adapter":
@@ -471,22 +496,24 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
             return -1
         return int(folder.name[5:]) if re.fullmatch(r"step-\d+", folder.name) else -1
 
-    checkpoints = Path(output_dir) / "checkpoints"
+    checkpoints, adapter = Path(output_dir) / "checkpoints", Path(output_dir) / "adapter"
     later = [
         p
-        for p in [*checkpoints_in(checkpoints), Path(output_dir) / "adapter"]
+        for p in [*checkpoints_in(checkpoints), adapter]
         if step(p) > start_step and not (resumed is not None and p.resolve() == resumed.resolve())
     ]
-    if not later:
+    unsaved = adapter_problem(adapter) if adapter.exists() and adapter not in later else None
+    moved = later + ([adapter] if unsaved is not None else [])
+    if not moved:
         return None
     aside = checkpoints / time.strftime("set-aside-%Y%m%d-%H%M%S")
     aside.mkdir(parents=True)
-    for path in later:
+    for path in moved:
         path.rename(aside / path.name)
-    return (
-        f"what another line of training saved past step {start_step} ({', '.join(p.name for p in later)}) was "
-        f"moved to {aside}: RESUME=auto continues this run"
-    )
+    said = [f"what another line of training saved past step {start_step} ({', '.join(p.name for p in later)})"]
+    said = (said if later else []) + ([f"{adapter} ({unsaved})"] if unsaved is not None else [])
+    why = "RESUME=auto continues this run" if later else "this run's adapter takes its place"
+    return f"{' and '.join(said)} {'were' if len(said) > 1 else 'was'} moved to {aside}: {why}"
 
 
 def not_a_checkpoint(resume: str) -> str | None:

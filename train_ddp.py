@@ -131,7 +131,7 @@ ALLOWED = {
     "MAX_LEN": (lambda v: v >= 2, ">= 2"),
     "MICRO_BATCH": (lambda v: v >= 1, ">= 1"),
     "ACCUM_STEPS": (lambda v: v >= 1, ">= 1"),
-    "EPOCHS": (lambda v: v >= 1, ">= 1"),
+    "EPOCHS": (lambda v: 1 <= v <= 10**6, "in [1, 1000000] (to train by steps: MAX_STEPS)"),
     "MAX_STEPS": (lambda v: v >= 0, ">= 0 (0: all epochs)"),
     "LR": (lambda v: 0 < v < 1, "between 0 and 1"),
     "WARMUP_STEPS": (lambda v: v >= 0, ">= 0"),
@@ -468,6 +468,19 @@ def epoch_data(dataset: ChatDataset, cfg: Config, epoch: int) -> Dataset:
     return PackedRows(dataset, rows_of_epoch(dataset.token_lengths, cfg.SEED, epoch, cfg.MAX_LEN))
 
 
+class PerEpoch(dict):
+    """{epoch: make(epoch)}, each made when first read: a run reads only the epochs it reaches (EPOCHS=1000
+    MAX_STEPS=50 packed 1,000 epochs up front, minutes of silence on every start)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, epoch: int):
+        self[epoch] = value = self.make(epoch)
+        return value
+
+
 def train_loader(dataset, cfg: Config, rank: int, world: int, epoch: int, skip: int, collate) -> DataLoader:
     """This rank's micro-batches of `epoch` (epoch_data), without the first `skip` samples or rows."""
     # drop_last twice: the sampler gives every rank the same number of samples, the loader the
@@ -726,7 +739,7 @@ def load_checkpoint(path: Path, peft_model, optimizer) -> dict:
 
 
 def already_complete(
-    finished: str | None, cfg: Config, total_steps: int, epochs_steps: int, device: torch.device
+    finished: str | None, cfg: Config, total_steps: int, epoch_steps: PerEpoch, device: torch.device
 ) -> bool:
     """Whether this run has nothing left to do (run_record.finished), decided from every rank's view of
     OUTPUT_DIR at once (a rank that returned alone would leave its peers waiting in DDP's first broadcast)."""
@@ -741,7 +754,7 @@ def already_complete(
         say(
             f"this run is already complete ({total_steps} of {total_steps} steps): nothing to train{finished}. To "
             f"train again, RESUME='' or another OUTPUT_DIR; "
-            f"{run_record.how_to_train_longer(cfg, total_steps, epochs_steps)}"
+            f"{run_record.how_to_train_longer(cfg, total_steps, epoch_steps)}"
         )
         say(where_everything_is(cfg.OUTPUT_DIR, adapter, cfg.MODEL_ID, cfg.MODEL_CONFIG))
     return bool(votes)
@@ -780,8 +793,8 @@ def main() -> None:
         )
         if kept is not None and not kept.exists():  # about 75 s per 100k rows on 2 cores: not a silent wait
             say(f"packing: counting the token lengths of {len(conversations):,} rows, once (kept in {kept})")
-        epochs = [epoch_data(dataset, cfg, e) for e in range(cfg.EPOCHS)]  # with PACKING: each epoch packed once
-        epoch_steps = [steps_per_epoch(len(data), world, cfg) for data in epochs]
+        epochs = PerEpoch(lambda e: epoch_data(dataset, cfg, e))  # with PACKING: each epoch packed once, if reached
+        epoch_steps = PerEpoch(lambda e: steps_per_epoch(len(epochs[e]), world, cfg))
         used = (
             epoch_steps[0] * world * cfg.MICRO_BATCH * cfg.ACCUM_STEPS
         )  # samples (rows) per epoch; drop_last: the rest
@@ -818,7 +831,7 @@ def main() -> None:
         identity["model_weights_sha256"] = None if cfg.MODEL_CONFIG else run_record.weights_sha256(cfg.MODEL_ID)
         if resume is not None:
             run_record.check_same_weights(resume, identity)
-        if rank == 0:
+        if rank == 0 and finished is None:  # a complete run's config.json stays the one it was trained with
             run_record.save_run_config(cfg.OUTPUT_DIR, run_config)
 
         # 3. Process group: NCCL on GPUs, gloo on CPU. From here on every failure is reported and bounded.
@@ -839,7 +852,7 @@ def main() -> None:
             run_record.lock_holder(cfg.OUTPUT_DIR),
         )
         # 4. Optimizer, schedule and resume: every rank loads the same checkpoint, so all start identical.
-        if already_complete(finished, cfg, total_steps, sum(epoch_steps), device):
+        if already_complete(finished, cfg, total_steps, epoch_steps, device):
             return
         params = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.LR, weight_decay=cfg.WEIGHT_DECAY, fused=device.type == "cuda")

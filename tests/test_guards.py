@@ -27,7 +27,8 @@ def test_a_worker_ignores_another_process_sigterm_and_ends_on_its_own_ranks(thre
     assert next(batches).tolist() == list(range(10))
     (worker,) = batches._workers
     subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # as torchrun's killpg at preemption
-    subprocess.run(["kill", "-INT", str(worker.pid)], check=True)  # as Ctrl-C in the terminal
+    for sig in ("INT", "QUIT", "HUP"):  # as Ctrl-C, Ctrl-\ and a closed terminal, which torchrun passes on
+        subprocess.run(["kill", f"-{sig}", str(worker.pid)], check=True)
     time.sleep(0.5)
     assert alive(worker.pid)
     assert next(batches).tolist() == list(range(10, 20))  # the rank's step can still finish
@@ -139,7 +140,9 @@ def test_a_second_ctrl_c_says_it_exits_at_once_without_a_checkpoint():
     assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda sig: sig.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP], ids=lambda sig: sig.name
+)
 def test_a_stop_signal_before_training_ends_the_rank_at_once(sig):
     """Nothing to save yet; and a rank blocked in C++ (forming the process group) would see Python's
     KeyboardInterrupt only when torchrun SIGKILLs it."""
@@ -147,6 +150,16 @@ def test_a_stop_signal_before_training_ends_the_rank_at_once(sig):
     rank.send_signal(sig)
     assert rank.wait(10) == 128 + sig
     assert rank.stderr.read() == f"[rank 0] {sig.name}: exiting at once, without a checkpoint\n"
+
+
+def test_ctrl_backslash_stops_at_the_end_of_the_step_as_sigterm_does():
+    """torchrun passes Ctrl-\\'s SIGQUIT on to the ranks: Python's default killed each at once, with no checkpoint,
+    no line, and rank 0's lock left."""
+    rank = stopping_rank()
+    assert still_running_after(rank, signal.SIGQUIT)
+    rank.send_signal(signal.SIGINT)  # then a Ctrl-C is the second stop: at once
+    assert rank.wait(10) == 128 + signal.SIGINT
+    assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
 
 
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])

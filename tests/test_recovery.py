@@ -712,6 +712,7 @@ def test_a_finished_run_that_ended_mid_epoch_stays_finished_even_when_its_data_c
     rerun = torchrun(ROOT / "train_ddp.py", env=env)
     assert rerun.returncode == 0 and "this run is already complete (2 of 2 steps): nothing to train." in rerun.output
     changed.write_text("\n".join(Path(data["DATA_PATH"]).read_text().splitlines()[1:]) + "\n")
+    config = (out / "config.json").read_text()
     rerun = torchrun(ROOT / "train_ddp.py", env={**env, "DATA_PATH": str(changed)})
     assert rerun.returncode == 0, rerun.output[-3000:]
     assert (
@@ -719,6 +720,7 @@ def test_a_finished_run_that_ended_mid_epoch_stays_finished_even_when_its_data_c
         f"data it was trained on ({changed})" in rerun.output
     ), rerun.output[-3000:]
     assert_bitwise_equal(adapter(out), before)
+    assert (out / "config.json").read_text() == config  # still the settings and data it was trained with
     assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]  # nothing trained again
 
 
@@ -851,14 +853,14 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
         pytest.param(*b.values, signal.SIGTERM, marks=b.marks) if hasattr(b, "values") else (b, signal.SIGTERM)
         for b in BACKENDS
     ]
-    + [("gloo", signal.SIGHUP)],  # on NCCL SIGHUP takes SIGTERM's path (GracefulStop)
+    + [("gloo", signal.SIGHUP), ("gloo", signal.SIGQUIT)],  # on NCCL both take SIGTERM's path (GracefulStop)
     ids=lambda v: getattr(v, "name", v),
 )
 def test_a_stop_signal_to_the_launcher_saves_at_the_next_step_and_resumes_bitwise(
     tmp_path, data, references, backend, sig
 ):
-    """SIGTERM is what a cluster sends at preemption; SIGHUP what a closed terminal sends (torchrun passes both on
-    to each rank's process group, the loaders' workers included)."""
+    """SIGTERM is what a cluster sends at preemption; SIGHUP what a closed terminal sends, SIGQUIT Ctrl-\\ (torchrun
+    passes each on to each rank's process group, the loaders' workers included)."""
     reference = references(backend)
     out = tmp_path / "out"
     job = Job.single_node(

@@ -155,7 +155,7 @@ def test_a_manifest_that_leaves_out_a_file_the_resume_reads_is_damage(checkpoint
 
 
 def test_a_checkpoint_past_the_runs_last_step_is_refused(checkpoint):
-    run = cpu_config(OUTPUT_DIR=str(checkpoint.parent), RESUME=str(checkpoint), RESUME_ALLOW_CHANGES=True)
+    run = cpu_config(OUTPUT_DIR=str(checkpoint.parent), RESUME=str(checkpoint), RESUME_ALLOW_CHANGES=True, EPOCHS=1)
     assert run_record.checkpoint_to_resume(run, {"LR": 2e-4}, [2]) == checkpoint  # at the last step: the save remains
     with pytest.raises(
         InputError, match=r"is at step 2, 0 epoch\(s\) done, past this run.s end \(step 1, EPOCHS=\d+; LR: check"
@@ -180,9 +180,9 @@ def test_what_orders_the_rows_cannot_change_mid_epoch_and_can_at_an_epoch_end(tm
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(path), RESUME_ALLOW_CHANGES=True, PACKING=packing)
         if refused and mid_epoch:
             with pytest.raises(InputError, match=rf"{list(changed)[0]}: checkpoint .* \(mid-epoch: cannot change\)"):
-                run_record.checkpoint_to_resume(run, {**saved, **changed}, [8])
+                run_record.checkpoint_to_resume(run, {**saved, **changed}, [4, 4])
         else:
-            assert run_record.checkpoint_to_resume(run, {**saved, **changed}, [8]) == path
+            assert run_record.checkpoint_to_resume(run, {**saved, **changed}, [4, 4]) == path
 
 
 def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_is_told_how(tmp_path):
@@ -191,7 +191,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
     def resume(world, micro_batch, accum):
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), MICRO_BATCH=micro_batch, ACCUM_STEPS=accum)
         now = {"global_batch": world * micro_batch * accum, "LR": 2e-4, "LORA_R": 16}
-        return run_record.checkpoint_to_resume(run, now, [6])
+        return run_record.checkpoint_to_resume(run, now, [3, 3])
 
     assert resume(1, 2, 8) == saved == resume(4, 4, 1)
     refused = {
@@ -211,7 +211,7 @@ def test_another_gpu_count_resumes_a_checkpoint_whose_global_batch_it_keeps_and_
         run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(saved), RESUME_ALLOW_CHANGES=allow_changes)
         run = dataclasses.replace(run, MICRO_BATCH=2, ACCUM_STEPS=4)
         with pytest.raises(InputError) as e:
-            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, "LORA_R": 16, **now}, [6])
+            run_record.checkpoint_to_resume(run, {"global_batch": 8, "LR": 2e-4, "LORA_R": 16, **now}, [3, 3])
         return str(e.value)
 
     other_lr = "= 16 (now 2 x 4), with RESUME_ALLOW_CHANGES=1 for the other changes, resumes it; or start fresh"
@@ -234,19 +234,41 @@ def test_a_complete_run_is_told_the_setting_that_trains_it_longer(tmp_path):
     that MAX_STEPS ended, mid-epoch, with no checkpoint, both more EPOCHS and a larger MAX_STEPS were refused."""
     run = cpu_config(OUTPUT_DIR=str(tmp_path), MAX_STEPS=2)
     saved_run(tmp_path / "adapter", {"LR": 2e-4}, 2, trainer_state=False)
-    assert run_record.how_to_train_longer(run, 2, 12) == (
+    assert run_record.how_to_train_longer(run, 2, [6, 6]) == (
         f"it left no checkpoint to continue in {tmp_path / 'checkpoints'}: training longer starts over, with RESUME=''"
     )
     saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)
-    assert run_record.how_to_train_longer(run, 2, 12) == (
+    assert run_record.how_to_train_longer(run, 2, [6, 6]) == (
         "to train longer, a larger MAX_STEPS with RESUME_ALLOW_CHANGES=1"
     )
-    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=0), 12, 12) == (
+    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=0), 12, [6, 6]) == (
         "to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
     )
-    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=12), 12, 12) == (
+    assert run_record.how_to_train_longer(dataclasses.replace(run, MAX_STEPS=12), 12, [6, 6]) == (
         "to train longer, a larger MAX_STEPS and more EPOCHS with RESUME_ALLOW_CHANGES=1"
     )
+
+
+def test_a_run_counts_only_the_epochs_max_steps_lets_it_reach(tmp_path):
+    """EPOCHS=1000 MAX_STEPS=50 read every epoch's steps up front: with PACKING each one packed, minutes of silence
+    on every start; EPOCHS=1e8 took 45 s and 2.7 GB a rank."""
+    read = []
+
+    class Steps(dict):  # 3 steps an epoch; each epoch read is counted
+        def __missing__(self, epoch):
+            read.append(epoch)
+            return 3
+
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), EPOCHS=10**6, MAX_STEPS=7)
+    assert run_record.last_step(run, Steps()) == 7 and read == [0, 1, 2]
+    read.clear()
+    assert run_record.last_step(run, Steps(), {"step": 4, "epoch": 1, "step_in_epoch": 1}) == 7 and read == [1, 2]
+    saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)
+    read.clear()
+    assert run_record.how_to_train_longer(run, 7, Steps()) == "to train longer, a larger MAX_STEPS with " + (
+        "RESUME_ALLOW_CHANGES=1"
+    )
+    assert read == [0, 1, 2]
 
 
 def test_data_changed_at_an_epoch_boundary_keeps_the_steps_of_the_epochs_done(tmp_path):
@@ -290,6 +312,47 @@ def test_saves_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
     assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-00000002", "step-9"]
     assert sorted(p.name for p in aside.iterdir()) == ["adapter", "step-00000004", "step-00000006"]
     assert run_record.damage(aside / "step-00000006", run_record.CHECKPOINT_FILES) is None
+
+
+@pytest.mark.parametrize("case", ["another-tool", "edited"])
+def test_an_adapter_this_script_did_not_save_as_it_is_is_set_aside_not_replaced(tmp_path, case):
+    """A PEFT adapter from another tool in OUTPUT_DIR/adapter (no run.json), or this run's own adapter edited since
+    (adapter_config.json before an upload), was deleted by the run's final save without a word."""
+    adapter = saved_run(tmp_path / "adapter", {"LR": 2e-4}, 6, trainer_state=False)
+    saved, edited = (
+        '{"base_model_name_or_path": "/models/tiny"}',
+        '{"base_model_name_or_path": "google/gemma-4-12B-it"}',
+    )
+    (adapter / "adapter_config.json").write_text(saved)
+    run_record.write_manifest(adapter)  # as saved
+    (adapter / "adapter_config.json").write_text(edited)
+    if case == "another-tool":
+        (adapter / "run.json").unlink()
+    else:
+        saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)  # resumed: nothing left to train
+    run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
+    assert run_record.finished(run, {"LR": 2e-4}, [3, 3]) is None  # not this script's adapter: not "complete"
+    if case == "another-tool":
+        with pytest.raises(InputError) as refused:
+            run_record.checkpoint_to_resume(run, {"LR": 2e-4}, [3, 3])
+        assert str(refused.value) == (
+            f"{adapter} is not a final adapter of this script's (no run.json: not saved by train_ddp.py) and "
+            f"{tmp_path / 'checkpoints'} holds no checkpoint to continue: train from scratch with RESUME='' (it is "
+            f"moved aside, into checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
+        )
+    resumed = None if case == "another-tool" else tmp_path / "checkpoints" / "step-00000006"
+    line = run_record.set_aside_later_saves(str(tmp_path), 0 if resumed is None else 6, resumed)
+    (aside,) = (tmp_path / "checkpoints").glob("set-aside-*")
+    problem = {
+        "another-tool": "no run.json: not saved by train_ddp.py",
+        "edited": f"adapter_config.json has {len(edited)} bytes, the manifest says {len(saved)} (written to after "
+        "the save)",
+    }[case]
+    assert line == f"{adapter} ({problem}) was moved to {aside}: this run's adapter takes its place"
+    assert not adapter.exists()
+    assert json.loads((aside / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "google/gemma-4-12B-it"
+    )
 
 
 def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
@@ -457,13 +520,13 @@ def test_resume_picks_the_newest_intact_checkpoint(tmp_path, capsys):
         saved_run(ckpts / name, identity, 2)
     (ckpts / "step-00000007").mkdir()  # empty: a folder someone made by hand, or a copy that never finished
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
-    assert run_record.checkpoint_to_resume(run, identity, [4]) == ckpts / "step-00000004"
+    assert run_record.checkpoint_to_resume(run, identity, [2, 2]) == ckpts / "step-00000004"
     assert (
         f"skipping damaged checkpoint {ckpts / 'step-00000007'}: no readable manifest.json" in capsys.readouterr().out
     )
-    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity, [4]) is None
+    assert run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=""), identity, [2, 2]) is None
     with pytest.raises(InputError, match="is not an intact checkpoint folder: no readable manifest.json"):
-        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity, [4])
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(ckpts / "step-00000007")), identity, [2, 2])
 
 
 def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
@@ -472,7 +535,7 @@ def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
     saved_run(tmp_path / "checkpoints" / "step-00000002", identity, 2)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME=str(adapter))
     with pytest.raises(InputError) as refused:
-        run_record.checkpoint_to_resume(run, identity, [2])
+        run_record.checkpoint_to_resume(run, identity, [1, 1])
     assert str(refused.value) == (
         f"RESUME={str(adapter)!r} is a final adapter, not a checkpoint: it has no trainer_state.pt (no optimizer "
         f"state, no progress), so training cannot continue from it; RESUME takes a checkpoint folder "
@@ -480,7 +543,8 @@ def test_resume_given_the_final_adapter_says_it_is_not_a_checkpoint(tmp_path):
     )
     checkpoint = tmp_path / "checkpoints" / "step-00000002"  # beside it, the same run's checkpoint resumes
     assert (
-        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity, [2]) == checkpoint
+        run_record.checkpoint_to_resume(dataclasses.replace(run, RESUME=str(checkpoint)), identity, [1, 1])
+        == checkpoint
     )
 
 
@@ -542,7 +606,7 @@ def test_an_adapter_of_another_run_with_no_checkpoint_to_continue_is_not_trained
 ):
     out = output_dir_after_a_run(tmp_path, saved, step)
     with pytest.raises(InputError) as refused:
-        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, [6])
+        run_record.checkpoint_to_resume(cpu_config(OUTPUT_DIR=str(out), RESUME="auto"), THIS_RUN, [3, 3])
     assert str(refused.value) == (
         f"{out / 'adapter'} is the final adapter of another run ({listed}) and {out / 'checkpoints'} holds no "
         f"checkpoint to continue: train from scratch over it (replacing that adapter) with RESUME='', or use "
@@ -570,7 +634,7 @@ def test_an_adapter_is_left_to_the_run_when_complete_or_a_checkpoint_or_a_fresh_
 ):
     out = output_dir_after_a_run(tmp_path, saved, 6, with_checkpoint)
     run = cpu_config(OUTPUT_DIR=str(out), RESUME=resume, DATA_PATH="now.jsonl")
-    assert run_record.finished(run, THIS_RUN, [6]) == answer
+    assert run_record.finished(run, THIS_RUN, [3, 3]) == answer
 
 
 def test_only_the_checkpoints_the_job_wrote_are_resumed_or_pruned(tmp_path):
