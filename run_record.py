@@ -213,7 +213,7 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != expected["bytes"]:
             size = path.stat().st_size
-            why = "truncated?" if size < expected["bytes"] else "written to after the save"
+            why = "truncated, or edited?" if size < expected["bytes"] else "written to after the save, or edited"
             return f"{name} has {size} bytes, the manifest says {expected['bytes']} ({why})"
         if sha256_file(path) != expected["sha256"]:
             return f"{name} does not match its checksum (corrupted)"
@@ -331,7 +331,7 @@ def final_adapter(run, current: dict) -> tuple[Path, list[str], dict] | None:
 def adapter_problem(adapter: Path) -> str | None:
     """Why OUTPUT_DIR's `adapter` is not a final adapter this script saved, as it saved it (None: it is one)."""
     if not (adapter / "run.json").is_file():
-        return "no run.json: not saved by train_ddp.py"
+        return "no run.json: another tool's?"
     return damage(adapter, ADAPTER_FILES)
 
 
@@ -415,9 +415,9 @@ def checkpoint_to_resume(run, current: dict, epoch_steps) -> Path | None:
             folder = Path(run.OUTPUT_DIR) / "adapter"
             if folder.exists() and (problem := adapter_problem(folder)) is not None:
                 raise InputError(
-                    f"{folder} is not a final adapter of this script's ({problem}) and {folder.parent / 'checkpoints'} "
-                    f"holds no checkpoint to continue: train from scratch with RESUME='' (it is moved aside, into "
-                    f"checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
+                    f"{folder} is not a final adapter as train_ddp.py saves one ({problem}) and "
+                    f"{folder.parent / 'checkpoints'} holds no checkpoint to continue: train from scratch with "
+                    f"RESUME='' (it is moved aside, into checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
                 )
             if (adapter := final_adapter(run, current)) is not None:
                 folder, changes, progress = adapter
