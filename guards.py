@@ -479,7 +479,7 @@ class GracefulStop:
     pipe by a thread of its own. torchrun also sends SIGTERM to the survivors when a worker died; they
     wait on the dead peer and never reach the end of the step: a signalled rank checks every 5 s, and
     a peer that stopped beating (HangWatchdog.heartbeats), or 25 s without a step boundary (torchrun
-    SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C stops at once; repeated SIGTERMs
+    SIGKILLs at 30 s), ends it without a checkpoint. A second Ctrl-C (or a Ctrl-\\) stops at once; repeated SIGTERMs
     (a cluster signals every process, torchrun its workers again) change nothing. Under torchrun the
     workers never see the terminal's Ctrl-C (they run in their own session): torchrun passes it on.
     Until arm() (before the process group forms, or always with SAVE_ON_SIGTERM=0) these signals end the
@@ -554,8 +554,9 @@ class GracefulStop:
                 self.signal = signal.Signals(signum)
                 threading.Thread(target=self._exit_if_stuck, daemon=True).start()
                 self.watchdog.post_stop(self.signal.name)  # after: a store that hangs must not delay the stop
-            elif signum == signal.SIGINT:
-                self.watchdog.report("a second Ctrl-C: exiting at once, without a checkpoint")
+            elif signum in (signal.SIGINT, signal.SIGQUIT):  # the user's "now": a second Ctrl-C, or Ctrl-\ (SIGQUIT)
+                what = "a second Ctrl-C" if signum == signal.SIGINT else "Ctrl-\\ after a stop"
+                self.watchdog.report(f"{what}: exiting at once, without a checkpoint")
                 self.leave(128 + signum)
 
     def _exit_if_stuck(self) -> None:

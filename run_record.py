@@ -216,7 +216,7 @@ def damage(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
             why = "truncated, or edited?" if size < expected["bytes"] else "written to after the save, or edited"
             return f"{name} has {size} bytes, the manifest says {expected['bytes']} ({why})"
         if sha256_file(path) != expected["sha256"]:
-            return f"{name} does not match its checksum (corrupted)"
+            return f"{name} does not match its checksum (corrupted, or edited)"
     return None
 
 
@@ -335,15 +335,15 @@ def adapter_problem(adapter: Path) -> str | None:
     return damage(adapter, ADAPTER_FILES)
 
 
-def last_step(run, epoch_steps, progress: dict | None = None) -> int:
+def last_step(run, epoch_steps, progress: dict | None = None, cap: int | None = None) -> int:
     """The step a train_ddp.py run (`run`: its Config; `epoch_steps[e]`: the optimizer steps epoch e holds on the
     current data) ends at when it continues `progress` (a checkpoint's or an adapter's; None: a fresh start): the
     steps taken before the epoch it is in, then the current data's for that epoch and the rest. The data may have
     changed at an epoch boundary (RESUME_ALLOW_CHANGES): the epochs done keep the steps they had. MAX_STEPS caps
-    it."""
+    it, or `cap` (0: none)."""
     progress = progress or {"step": 0, "epoch": 0}
     done = progress["step"] - progress.get("step_in_epoch", 0)
-    return steps_reached(epoch_steps, range(progress["epoch"], run.EPOCHS), done, run.MAX_STEPS)
+    return steps_reached(epoch_steps, range(progress["epoch"], run.EPOCHS), done, run.MAX_STEPS if cap is None else cap)
 
 
 def steps_reached(epoch_steps, epochs: range, start: int, cap: int) -> int:
@@ -377,13 +377,15 @@ def checkpoints_in(folder: Path) -> list[Path]:
 
 
 def how_to_train_longer(run, total_steps: int, epoch_steps) -> str:
-    """For a complete run (`run`: train_ddp.py's Config; `epoch_steps` as last_step() takes them): the settings that
-    end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in OUTPUT_DIR to continue (a run MAX_STEPS
-    ended mid-epoch leaves only its adapter), that training longer starts over."""
+    """For a complete run (`run`: train_ddp.py's Config; its adapter in OUTPUT_DIR; `epoch_steps` as last_step()
+    takes them): the settings that end it, to raise with RESUME_ALLOW_CHANGES=1, or, with no checkpoint in
+    OUTPUT_DIR to continue (a run MAX_STEPS ended mid-epoch leaves only its adapter), that training longer starts
+    over."""
     folder = Path(run.OUTPUT_DIR) / "checkpoints"
     if not checkpoints_in(folder):
         return f"it left no checkpoint to continue in {folder}: training longer starts over, with RESUME=''"
-    held = steps_reached(epoch_steps, range(run.EPOCHS), 0, total_steps + 1)  # by EPOCHS: more than it took?
+    progress = progress_of(Path(run.OUTPUT_DIR) / "adapter")  # the epochs it ran keep their steps (last_step)
+    held = last_step(run, epoch_steps, progress, cap=total_steps + 1)  # what EPOCHS hold: more than it took?
     ends = ["a larger MAX_STEPS"] if run.MAX_STEPS and run.MAX_STEPS <= held else []
     ends += ["more EPOCHS"] if total_steps >= held else []
     return f"to train longer, {' and '.join(ends)} with RESUME_ALLOW_CHANGES=1"
@@ -497,12 +499,12 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
         return int(folder.name[5:]) if re.fullmatch(r"step-\d+", folder.name) else -1
 
     checkpoints, adapter = Path(output_dir) / "checkpoints", Path(output_dir) / "adapter"
+    unsaved = adapter_problem(adapter) if adapter.exists() else None  # named as such, whatever step it claims
     later = [
         p
-        for p in [*checkpoints_in(checkpoints), adapter]
+        for p in [*checkpoints_in(checkpoints), *([adapter] if unsaved is None else [])]
         if step(p) > start_step and not (resumed is not None and p.resolve() == resumed.resolve())
     ]
-    unsaved = adapter_problem(adapter) if adapter.exists() and adapter not in later else None
     moved = later + ([adapter] if unsaved is not None else [])
     if not moved:
         return None

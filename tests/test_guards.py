@@ -152,14 +152,15 @@ def test_a_stop_signal_before_training_ends_the_rank_at_once(sig):
     assert rank.stderr.read() == f"[rank 0] {sig.name}: exiting at once, without a checkpoint\n"
 
 
-def test_ctrl_backslash_stops_at_the_end_of_the_step_as_sigterm_does():
+@pytest.mark.parametrize("first", [signal.SIGQUIT, signal.SIGINT], ids=["ctrl-backslash", "ctrl-c"])
+def test_ctrl_backslash_is_a_stop_at_the_steps_end_and_after_a_stop_quits_at_once(first):
     """torchrun passes Ctrl-\\'s SIGQUIT on to the ranks: Python's default killed each at once, with no checkpoint,
-    no line, and rank 0's lock left."""
+    no line, and rank 0's lock left. After a stop (a Ctrl-C, or a first Ctrl-\\) it is the user's "now"."""
     rank = stopping_rank()
-    assert still_running_after(rank, signal.SIGQUIT)
-    rank.send_signal(signal.SIGINT)  # then a Ctrl-C is the second stop: at once
-    assert rank.wait(10) == 128 + signal.SIGINT
-    assert rank.stderr.read() == "[rank 0] a second Ctrl-C: exiting at once, without a checkpoint\n"
+    assert still_running_after(rank, first)  # waits for the step's end
+    rank.send_signal(signal.SIGQUIT)
+    assert rank.wait(10) == 128 + signal.SIGQUIT
+    assert rank.stderr.read() == "[rank 0] Ctrl-\\ after a stop: exiting at once, without a checkpoint\n"
 
 
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])

@@ -253,23 +253,24 @@ def test_a_complete_run_is_told_the_setting_that_trains_it_longer(tmp_path):
 def test_a_run_counts_only_the_epochs_max_steps_lets_it_reach(tmp_path):
     """EPOCHS=1000 MAX_STEPS=50 read every epoch's steps up front: with PACKING each one packed, minutes of silence
     on every start; EPOCHS=1e8 took 45 s and 2.7 GB a rank."""
+    import train_ddp as T
+
     read = []
 
-    class Steps(dict):  # 3 steps an epoch; each epoch read is counted
-        def __missing__(self, epoch):
-            read.append(epoch)
-            return 3
+    def steps():  # 3 steps an epoch, as train_ddp counts them: each epoch made when first read, once
+        return T.PerEpoch(lambda epoch: read.append(epoch) or 3)
 
-    run = cpu_config(OUTPUT_DIR=str(tmp_path), EPOCHS=10**6, MAX_STEPS=7)
-    assert run_record.last_step(run, Steps()) == 7 and read == [0, 1, 2]
+    run, counted = cpu_config(OUTPUT_DIR=str(tmp_path), EPOCHS=10**6, MAX_STEPS=7), steps()
+    assert run_record.last_step(run, counted) == 7 and run_record.last_step(run, counted) == 7 and read == [0, 1, 2]
     read.clear()
-    assert run_record.last_step(run, Steps(), {"step": 4, "epoch": 1, "step_in_epoch": 1}) == 7 and read == [1, 2]
-    saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)
+    assert run_record.last_step(run, steps(), {"step": 4, "epoch": 1, "step_in_epoch": 1}) == 7 and read == [1, 2]
+    saved_run(tmp_path / "adapter", {"LR": 2e-4}, 7, trainer_state=False, epoch=2, step_in_epoch=1)
+    saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6, epoch=2, step_in_epoch=0)
     read.clear()
-    assert run_record.how_to_train_longer(run, 7, Steps()) == "to train longer, a larger MAX_STEPS with " + (
+    assert run_record.how_to_train_longer(run, 7, steps()) == "to train longer, a larger MAX_STEPS with " + (
         "RESUME_ALLOW_CHANGES=1"
     )
-    assert read == [0, 1, 2]
+    assert read == [2]  # from the adapter's epoch, as last_step counted it
 
 
 def test_data_changed_at_an_epoch_boundary_keeps_the_steps_of_the_epochs_done(tmp_path):
@@ -289,6 +290,7 @@ def test_data_changed_at_an_epoch_boundary_keeps_the_steps_of_the_epochs_done(tm
     saved_run(tmp_path / "adapter", {"data_sha256": "a"}, 4, trainer_state=False, epoch=1, step_in_epoch=0)
     auto = dataclasses.replace(run, RESUME="auto")
     assert run_record.finished(auto, {"data_sha256": "b"}, [6]) is not None  # complete: its one epoch is done
+    assert run_record.how_to_train_longer(auto, 4, [6]) == "to train longer, more EPOCHS with RESUME_ALLOW_CHANGES=1"
     assert run_record.finished(dataclasses.replace(auto, EPOCHS=2), {"data_sha256": "b"}, [2, 2]) is None
     past = saved_run(tmp_path / "step-00000008", {"data_sha256": "a"}, 8, epoch=2, step_in_epoch=0)
     with pytest.raises(
@@ -315,7 +317,7 @@ def test_saves_past_a_runs_start_are_set_aside_not_deleted(tmp_path):
     assert run_record.damage(aside / "step-00000006", run_record.CHECKPOINT_FILES) is None
 
 
-@pytest.mark.parametrize("case", ["another-tool", "edited"])
+@pytest.mark.parametrize("case", ["another-tool", "edited", "edited-past-the-start"])
 def test_an_adapter_this_script_did_not_save_as_it_is_is_set_aside_not_replaced(tmp_path, case):
     """A PEFT adapter from another tool in OUTPUT_DIR/adapter (no run.json), or this run's own adapter edited since
     (adapter_config.json before an upload), was deleted by the run's final save without a word."""
@@ -329,8 +331,9 @@ def test_an_adapter_this_script_did_not_save_as_it_is_is_set_aside_not_replaced(
     (adapter / "adapter_config.json").write_text(edited)
     if case == "another-tool":
         (adapter / "run.json").unlink()
-    else:
-        saved_run(tmp_path / "checkpoints" / "step-00000006", {"LR": 2e-4}, 6)  # resumed: nothing left to train
+    else:  # resumed at the adapter's step (nothing left to train), or before it (its steps are trained again)
+        at = 3 if case == "edited-past-the-start" else 6
+        resumed = saved_run(tmp_path / "checkpoints" / f"step-{at:08d}", {"LR": 2e-4}, at)
     run = cpu_config(OUTPUT_DIR=str(tmp_path), RESUME="auto")
     assert run_record.finished(run, {"LR": 2e-4}, [3, 3]) is None  # not this script's adapter: not "complete"
     if case == "another-tool":
@@ -341,14 +344,15 @@ def test_an_adapter_this_script_did_not_save_as_it_is_is_set_aside_not_replaced(
             f"{tmp_path / 'checkpoints'} holds no checkpoint to continue: train from scratch with RESUME='' (it is "
             f"moved aside, into checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
         )
-    resumed = None if case == "another-tool" else tmp_path / "checkpoints" / "step-00000006"
-    line = run_record.set_aside_later_saves(str(tmp_path), 0 if resumed is None else 6, resumed)
+        resumed = None
+    line = run_record.set_aside_later_saves(str(tmp_path), int(resumed.name[5:]) if resumed else 0, resumed)
     (aside,) = (tmp_path / "checkpoints").glob("set-aside-*")
-    problem = {
-        "another-tool": "no run.json: another tool's?",
-        "edited": f"adapter_config.json has {len(edited)} bytes, the manifest says {len(saved)} (written to after "
-        "the save, or edited)",
-    }[case]
+    problem = (
+        "no run.json: another tool's?"
+        if case == "another-tool"
+        else f"adapter_config.json has {len(edited)} bytes, the manifest says {len(saved)} (written to after the "
+        "save, or edited)"
+    )
     assert line == f"{adapter} ({problem}) was moved to {aside}: this run's adapter takes its place"
     assert not adapter.exists()
     assert json.loads((aside / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
