@@ -259,7 +259,7 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
         full = getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < expected_bytes)
         cause = "no space left on the device" if full else str(e).splitlines()[0]
         space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
-        kept = sorted(final.parent.glob(final.name.split("-")[0] + "*"))  # step-* or adapter: what survives
+        kept = checkpoints_in(final.parent) if final.name.startswith("step-") else [final] * final.exists()
         raise OutputDirError(
             f"saving {final} failed: {cause} ({space}this save needs about {readable_size(expected_bytes)}); "
             f"the temporary folder is removed"
@@ -368,6 +368,28 @@ def finished(run, current: dict, epoch_steps) -> str | None:
     if progress["step"] < last_step(run, epoch_steps, progress) or len(changes) > len(data):
         return None
     return f"; DATA_PATH's content differs from the data it was trained on ({run.DATA_PATH})" if data else ""
+
+
+def prune(checkpoint: Path) -> str | None:
+    """Remove an older checkpoint: the files its manifest lists, then its folder. Anything else in it (a user's
+    notes) is kept: the folder is moved into set-aside-<time>/ beside it. A symbolic link (the checkpoint moved to
+    another disk) is removed, its target kept. Returns the line that says so in those two cases."""
+    if checkpoint.is_symlink():
+        target = checkpoint.resolve()
+        checkpoint.unlink()
+        return f"pruned {checkpoint}, a link: what it pointed to ({target}) is kept"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable: nothing listed
+        for name in json.loads((checkpoint / MANIFEST).read_text())["files"]:
+            if Path(name).name == name:  # a name in this folder, not a path elsewhere
+                (checkpoint / name).unlink(missing_ok=True)
+    (checkpoint / MANIFEST).unlink(missing_ok=True)
+    if not (left := sorted(p.name for p in checkpoint.iterdir())):
+        checkpoint.rmdir()
+        return None
+    aside = checkpoint.parent / time.strftime("set-aside-%Y%m%d-%H%M%S")
+    aside.mkdir(exist_ok=True)
+    checkpoint.rename(aside / checkpoint.name)
+    return f"pruned {checkpoint}, but it held what the job did not write ({', '.join(left[:3])}): moved to {aside}"
 
 
 def checkpoints_in(folder: Path) -> list[Path]:

@@ -17,7 +17,6 @@ import functools
 import math
 import os
 import re
-import shutil
 import socket
 import sys
 import time
@@ -688,7 +687,8 @@ def save_checkpoint(model: DDP, optimizer, progress: dict, run_config: dict, out
         # prune only older checkpoints (later ones, of another line of training, were set aside at the start)
         older = [p for p in run_record.checkpoints_in(final.parent) if p.name < final.name]
         for stale in older[: max(len(older) - keep + 1, 0)]:
-            shutil.rmtree(stale)
+            if said := run_record.prune(stale):
+                say(said)
     dist.barrier()  # nobody reads (or moves on) before the checkpoint is complete
     return final
 

@@ -345,6 +345,7 @@ def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previ
         final, lambda d: d.mkdir() or (d / "a.bin").write_bytes(b"1" * 100), expected_bytes=100
     )
 
+    (final.parent / "step-notes.txt").write_text("a user's file: not a checkpoint kept")
     later = final.with_name("step-00000004")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30 - 557_056, 557_056))
     with pytest.raises(OutputDirError) as second:
@@ -354,7 +355,7 @@ def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previ
         f"about 3.0 MiB); the temporary folder is removed and step-00000002 kept; older checkpoints are pruned "
         f"only once a new one is whole: KEEP_CHECKPOINTS of them need room beside it"
     )
-    assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002"]  # no .tmp- left to fill the disk
+    assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002", "step-notes.txt"]  # no .tmp- left
     assert run_record.damage(final) is None and (final / "a.bin").read_bytes() == b"1" * 100
 
 

@@ -360,6 +360,25 @@ def test_an_adapter_this_script_did_not_save_as_it_is_is_set_aside_not_replaced(
     )
 
 
+def test_pruning_removes_only_what_the_checkpoint_wrote(tmp_path):
+    """shutil.rmtree took a user's notes kept in an old checkpoint's folder; and on a checkpoint moved to another
+    disk and linked back, it raised at every later save (rmtree refuses a link), so the run never finished."""
+    ckpts = tmp_path / "checkpoints"
+    plain = saved_run(ckpts / "step-00000002", {"LR": 2e-4}, 2)
+    noted = saved_run(ckpts / "step-00000004", {"LR": 2e-4}, 4)
+    (noted / "my-notes.md").write_text("lr looked too high here")
+    elsewhere = saved_run(tmp_path / "other-disk" / "step-00000006", {"LR": 2e-4}, 6)
+    (ckpts / "step-00000006").symlink_to(elsewhere)
+    assert run_record.prune(plain) is None and not plain.exists()
+    said = run_record.prune(noted)
+    (aside,) = ckpts.glob("set-aside-*")
+    assert said == f"pruned {noted}, but it held what the job did not write (my-notes.md): moved to {aside}"
+    assert [p.name for p in (aside / "step-00000004").iterdir()] == ["my-notes.md"] and not noted.exists()
+    said = run_record.prune(ckpts / "step-00000006")
+    assert said == f"pruned {ckpts / 'step-00000006'}, a link: what it pointed to ({elsewhere}) is kept"
+    assert not (ckpts / "step-00000006").exists() and run_record.damage(elsewhere, run_record.CHECKPOINT_FILES) is None
+
+
 def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
