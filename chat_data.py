@@ -800,6 +800,23 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     )
 
 
+def eval_rows_cut(eval_set: ChatDataset | None, path: str, sample_size: int = 1000) -> str:
+    """A warning when rows of the evaluation data (`path`; up to `sample_size` spread over it) keep no target
+    token within MAX_LEN: eval_loss is then of the other rows alone, which nothing else would say."""
+    if eval_set is None:
+        return ""
+    sample = eval_set.conversations[:: max(1, len(eval_set) // sample_size)]
+    none_kept = sum(row_targets_kept(eval_set, messages)[2] == 0 for messages in sample)
+    if not none_kept:
+        return ""
+    rows = f"{len(sample)} rows" + (" sampled" if len(sample) < len(eval_set) else "")
+    return (
+        f"warning: {path}: {none_kept} of {rows} keep no target token within MAX_LEN={eval_set.max_len} (the "
+        f"answers come later): {'eval_loss is of the other rows alone' if none_kept < len(sample) else 'no eval_loss'}"
+        f"; raise MAX_LEN to evaluate them"
+    )
+
+
 def row_key(messages: list[dict]) -> tuple:
     """A row as it is trained on (roles, texts, weights), whatever its key order: one text part is its text, more
     stay parts (the chat template joins them its own way)."""

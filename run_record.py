@@ -490,6 +490,18 @@ def checkpoint_to_resume(run, current: dict, epoch_steps) -> Path | None:
     return Path(os.path.abspath(path))  # as every line names it (a relative path is relative to where the job ran)
 
 
+def eval_data_changed(checkpoint: Path, eval_sha256: str, eval_path: str) -> str | None:
+    """A warning when EVAL_PATH's content (`eval_sha256`) differs from the one the checkpoint's run evaluated on:
+    allowed (evaluation does not change training), but the eval curve in metrics.jsonl then mixes two sets."""
+    before = json.loads((checkpoint / "run.json").read_text()).get("eval_sha256")  # None: saved before it was kept
+    if not before or not eval_sha256 or before == eval_sha256:
+        return None
+    return (
+        f"warning: EVAL_PATH's content ({eval_path}) differs from the one {checkpoint.name} was evaluated on: "
+        f"eval_loss from here on is not comparable with the earlier values in metrics.jsonl"
+    )
+
+
 def global_batch_advice(saved: int, now: int, run, others: bool) -> str:
     """How this run's ranks (a train_ddp.py Config `run`) reach a checkpoint's global batch, the way to resume it on
     another number of GPUs (`others`: other changes that need RESUME_ALLOW_CHANGES=1 too). Said as a product:

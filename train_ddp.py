@@ -42,6 +42,7 @@ from chat_data import (
     chat_tokenizer,
     control_tokens,
     data_summary,
+    eval_rows_cut,
     fields_left_out,
     held_out_copies,
     inline_reasoning,
@@ -803,6 +804,7 @@ def main() -> None:
             fields_left_out(tokenizer, conversations, cfg.DATA_PATH),
             inline_reasoning(conversations, cfg.DATA_PATH),
             held_out_copies(conversations, eval_conversations, cfg.EVAL_PATH),
+            eval_rows_cut(eval_set, cfg.EVAL_PATH),
         ):
             if warning:
                 say(warning)
@@ -816,6 +818,7 @@ def main() -> None:
             "identity": identity,
             "world_size": world,
             "resumed_from": resume and str(resume),
+            "eval_sha256": cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH)),  # a node-local copy: same?
         }
         if rank == 0:  # the run's effective settings, printed once (saved with the run below, and in every checkpoint)
             say(settings.show(run_config["settings"]))
@@ -843,11 +846,10 @@ def main() -> None:
         # The first collective compares what every rank read: one rank with another environment, another copy of
         # the data or model, or another OUTPUT_DIR than rank 0's (rank 0's lock, taken before the group formed,
         # is not there) stops them all.
-        eval_sha256 = cfg.EVAL_PATH and run_record.sha256_file(Path(cfg.EVAL_PATH))  # a node-local copy: same?
         compared = {k: v for k, v in identity.items() if k != "by_path"}  # (it names MODEL_ID's path)
         guards.check_same_settings(
             run_config["settings"],
-            {**compared, "eval_sha256": eval_sha256},
+            {**compared, "eval_sha256": run_config["eval_sha256"]},
             MAY_DIFFER_BY_RANK,
             run_record.lock_holder(cfg.OUTPUT_DIR),
         )
@@ -860,6 +862,8 @@ def main() -> None:
         if (resume := check_same_checkpoint(resume)) is not None:
             progress = load_checkpoint(resume, peft_model, optimizer)
             say(f"resumed from {resume} at step {progress['step']}")
+            if changed := run_record.eval_data_changed(resume, run_config["eval_sha256"], cfg.EVAL_PATH):
+                say(changed)
         if rank == 0 and (moved := run_record.set_aside_later_saves(cfg.OUTPUT_DIR, progress["step"], resume)):
             say(moved)
         if cfg.OPTIMIZER_OFFLOAD:

@@ -952,6 +952,23 @@ def test_evaluation_rows_that_copy_training_rows_are_counted(tmp_path):
     assert chat_data.held_out_copies(train, held_out[2:], "eval.jsonl") == ""
 
 
+def test_evaluation_rows_whose_answers_max_len_cuts_are_counted(tmp_path, tokenizer):
+    """19 of 20 eval rows with no answer left within MAX_LEN gave an eval_loss of one row, without a word (the
+    training data has its data: line; the eval file had none)."""
+    rows = chat_data.load_conversations(write_chat(tmp_path, chat("a " * 80, "b"), chat("c", "d"), chat("e", "f")))
+    held_out = chat_data.ChatDataset(rows, tokenizer, 64, True)
+    assert chat_data.eval_rows_cut(held_out, "eval.jsonl") == (
+        "warning: eval.jsonl: 1 of 3 rows keep no target token within MAX_LEN=64 (the answers come later): "
+        "eval_loss is of the other rows alone; raise MAX_LEN to evaluate them"
+    )
+    assert chat_data.eval_rows_cut(chat_data.ChatDataset(rows[:1], tokenizer, 64, True), "eval.jsonl") == (
+        "warning: eval.jsonl: 1 of 1 rows keep no target token within MAX_LEN=64 (the answers come later): no "
+        "eval_loss; raise MAX_LEN to evaluate them"
+    )
+    assert chat_data.eval_rows_cut(chat_data.ChatDataset(rows[1:], tokenizer, 64, True), "eval.jsonl") == ""
+    assert chat_data.eval_rows_cut(None, "") == ""
+
+
 def test_message_fields_the_chat_template_leaves_out_are_named(tmp_path, tokenizer, monkeypatch):
     """OpenAI's few-shot rows name their example speakers ("name"): Gemma's template drops the field, so the example
     dialogue reads as plain system text. Said once, with how many messages carry each field (empty ones do not)."""

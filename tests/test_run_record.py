@@ -379,6 +379,20 @@ def test_pruning_removes_only_what_the_checkpoint_wrote(tmp_path):
     assert not (ckpts / "step-00000006").exists() and run_record.damage(elsewhere, run_record.CHECKPOINT_FILES) is None
 
 
+def test_an_eval_file_changed_since_the_checkpoint_is_said_at_resume(tmp_path):
+    """The resumed run evaluated another EVAL_PATH content without a word: metrics.jsonl's eval curve mixed two
+    eval sets (only eval_targets showed it)."""
+    checkpoint = tmp_path / "step-00000002"
+    checkpoint.mkdir()
+    run_record.write_run_json(checkpoint, {"identity": {}, "eval_sha256": "a"}, {"epoch": 0, "step": 2})
+    assert run_record.eval_data_changed(checkpoint, "b", "eval.jsonl") == (
+        "warning: EVAL_PATH's content (eval.jsonl) differs from the one step-00000002 was evaluated on: eval_loss "
+        "from here on is not comparable with the earlier values in metrics.jsonl"
+    )
+    assert run_record.eval_data_changed(checkpoint, "a", "eval.jsonl") is None
+    assert run_record.eval_data_changed(checkpoint, "", "") is None  # EVAL_PATH dropped: said where an eval is due
+
+
 def test_a_second_job_is_refused_with_the_holders_identity(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
