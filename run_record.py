@@ -241,7 +241,8 @@ def write_run_json(folder: Path, run_config: dict, progress: dict) -> None:
 def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
     """Rank 0 only: write_into(folder) fills a temporary folder, which gets a manifest (size and SHA-256 of
     every file), is fsynced and renamed into place: `final` is the previous complete version or the new
-    complete one, never a half-written one. A failed write removes the temporary folder and says why."""
+    complete one, never a half-written one. A failed write removes the temporary folder and says why, with
+    `expected_bytes` (the tensors': the files are a little more) as what the save needs."""
     tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -261,7 +262,7 @@ def publish_atomically(final: Path, write_into, expected_bytes: int) -> None:
         space = f"{readable_size(free)} free in {final.parent}, " if free is not None else ""
         kept = checkpoints_in(final.parent) if final.name.startswith("step-") else [final] * final.exists()
         raise OutputDirError(
-            f"saving {final} failed: {cause} ({space}this save needs about {readable_size(expected_bytes)}); "
+            f"saving {final} failed: {cause} ({space}this save needs over {readable_size(expected_bytes)}); "
             f"the temporary folder is removed"
             + (f" and {kept[-1].name} kept" if kept else "; there is no earlier one to keep")
             + (  # or the next save fails the same way

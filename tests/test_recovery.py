@@ -352,7 +352,7 @@ def test_a_failed_save_says_why_removes_its_temporary_folder_and_keeps_the_previ
         run_record.publish_atomically(later, disk_fills, expected_bytes=3 * 2**20)
     assert str(second.value) == (
         f"saving {later} failed: no space left on the device (544 KiB free in {final.parent}, this save needs "
-        f"about 3.0 MiB); the temporary folder is removed and step-00000002 kept; older checkpoints are pruned "
+        f"over 3.0 MiB); the temporary folder is removed and step-00000002 kept; older checkpoints are pruned "
         f"only once a new one is whole: KEEP_CHECKPOINTS of them need room beside it"
     )
     assert sorted(p.name for p in final.parent.iterdir()) == ["step-00000002", "step-notes.txt"]  # no .tmp- left
