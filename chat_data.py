@@ -775,7 +775,7 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     rows, max_len = dataset.conversations, dataset.max_len
     distinct = set(map(row_key, rows))
     repeated = f" ({len(rows) - len(distinct)} repeat an earlier row exactly)" if len(distinct) < len(rows) else ""
-    sample = rows[:: max(1, len(rows) // sample_size)]
+    sample = spread(rows, sample_size)
     cut = targets = kept = no_target = 0
     for messages in sample:
         row_cut, row_targets, row_kept = row_targets_kept(dataset, messages)
@@ -800,12 +800,17 @@ def data_summary(dataset: ChatDataset, epoch_data, used_per_epoch: int, path: st
     )
 
 
+def spread(rows: list, sample_size: int) -> list:
+    """About `sample_size` of `rows` (all, if fewer), evenly spread over them: the same ones on every rank."""
+    return rows[:: max(1, len(rows) // sample_size)]
+
+
 def eval_rows_cut(eval_set: ChatDataset | None, path: str, sample_size: int = 1000) -> str:
     """A warning when rows of the evaluation data (`path`; up to `sample_size` spread over it) keep no target
     token within MAX_LEN: eval_loss is then of the other rows alone, which nothing else would say."""
     if eval_set is None:
         return ""
-    sample = eval_set.conversations[:: max(1, len(eval_set) // sample_size)]
+    sample = spread(eval_set.conversations, sample_size)
     none_kept = sum(row_targets_kept(eval_set, messages)[2] == 0 for messages in sample)
     if not none_kept:
         return ""

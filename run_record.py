@@ -325,8 +325,14 @@ def final_adapter(run, current: dict) -> tuple[Path, list[str], dict] | None:
     adapter = Path(run.OUTPUT_DIR) / "adapter"
     if not adapter.exists() or adapter_problem(adapter) is not None:
         return None
+    return adapter, *adapter_record(adapter, current)
+
+
+def adapter_record(adapter: Path, current: dict) -> tuple[list[str], dict]:
+    """An intact final adapter's run.json: how its run differs from this one (identity `current`), and the
+    progress it reached."""
     saved = json.loads((adapter / "run.json").read_text())
-    return adapter, differences(saved["identity"], current, "adapter"), saved["progress"]
+    return differences(saved["identity"], current, "adapter"), saved["progress"]
 
 
 def adapter_problem(adapter: Path) -> str | None:
@@ -438,14 +444,14 @@ def checkpoint_to_resume(run, current: dict, epoch_steps) -> Path | None:
                     f"move them away, or start fresh with RESUME=''"
                 )
             folder = Path(run.OUTPUT_DIR) / "adapter"
-            if folder.exists() and (problem := adapter_problem(folder)) is not None:
-                raise InputError(
-                    f"{folder} is not a final adapter as train_ddp.py saves one ({problem}) and "
-                    f"{folder.parent / 'checkpoints'} holds no checkpoint to continue: train from scratch with "
-                    f"RESUME='' (it is moved aside, into checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
-                )
-            if (adapter := final_adapter(run, current)) is not None:
-                folder, changes, progress = adapter
+            if folder.exists():  # checked once: the checksums read the whole adapter
+                if (problem := adapter_problem(folder)) is not None:
+                    raise InputError(
+                        f"{folder} is not a final adapter as train_ddp.py saves one ({problem}) and "
+                        f"{folder.parent / 'checkpoints'} holds no checkpoint to continue: train from scratch with "
+                        f"RESUME='' (it is moved aside, into checkpoints/set-aside-<time>), or use another OUTPUT_DIR"
+                    )
+                changes, progress = adapter_record(folder, current)
                 if progress["step"] < (total_steps := last_step(run, epoch_steps)):
                     changes.append(f"steps: adapter {progress['step']}, now {total_steps}")
                 raise InputError(
@@ -547,8 +553,11 @@ def set_aside_later_saves(output_dir: str, start_step: int, resumed: Path | None
     aside.mkdir(parents=True)
     for path in moved:
         path.rename(aside / path.name)
-    said = [f"what another line of training saved past step {start_step} ({', '.join(p.name for p in later)})"]
-    said = (said if later else []) + ([f"{adapter} ({unsaved})"] if unsaved is not None else [])
+    said = []
+    if later:
+        said.append(f"what another line of training saved past step {start_step} ({', '.join(p.name for p in later)})")
+    if unsaved is not None:
+        said.append(f"{adapter} ({unsaved})")
     why = "RESUME=auto continues this run" if later else "this run's adapter takes its place"
     return f"{' and '.join(said)} {'were' if len(said) > 1 else 'was'} moved to {aside}: {why}"
 
